@@ -1,0 +1,38 @@
+/**
+ * `handoff <command>`: one binary, one subcommand per process kind. Each command module
+ * exports `main(argv)`; they are imported lazily so `handoff sim` never loads the router.
+ */
+type Command = (argv: string[]) => Promise<void>
+
+const commands: Record<string, { summary: string; load: () => Promise<Command> }> = {
+  router: { summary: 'run the router (front door, topology, events)', load: async () => (await import('../router/src/main.js')).main },
+  sim: { summary: 'run a vLLM-compatible engine simulator; `sim oracle` prints expected text', load: async () => (await import('../sim/src/main.js')).main },
+  up: { summary: 'start a local cluster: router + simulators', load: async () => (await import('./up.js')).main },
+  bench: { summary: 'run a benchmark (overhead, nixl)', load: async () => (await import('../bench/main.js')).main },
+}
+
+function usage(): string {
+  const lines = Object.entries(commands).map(([name, c]) => `  ${name.padEnd(8)} ${c.summary}`)
+  return `usage: handoff <command> [options]\n\ncommands:\n${lines.join('\n')}\n\nRun \`handoff <command> --help\` for a command's options.\n`
+}
+
+export async function run(argv: string[]): Promise<void> {
+  const [name, ...rest] = argv
+  if (!name || name === '--help' || name === '-h' || name === 'help') {
+    process.stdout.write(usage())
+    return
+  }
+  const command = commands[name]
+  if (!command) {
+    process.stderr.write(`handoff: unknown command '${name}'\n\n${usage()}`)
+    process.exitCode = 2
+    return
+  }
+  await (await command.load())(rest)
+}
+
+run(process.argv.slice(2)).catch((err: unknown) => {
+  const e = err as { code?: string; message?: string }
+  process.stderr.write(`handoff: ${e.code ? `${e.code}: ` : ''}${e.message ?? String(err)}\n`)
+  process.exit(1)
+})

@@ -1,0 +1,26 @@
+/**
+ * How a handoff child process tells its parent it is serving: one IPC message. Parents
+ * (`handoff up`, tests, benchmarks) spawn with an IPC channel and wait for it; a process
+ * started by hand has no channel and this is a no-op.
+ */
+export interface ReadyMessage {
+  type: 'handoff:ready'
+  service: string
+  url: string
+}
+
+export function isReadyMessage(msg: unknown): msg is ReadyMessage {
+  return (
+    typeof msg === 'object' &&
+    msg !== null &&
+    (msg as { type?: unknown }).type === 'handoff:ready' &&
+    typeof (msg as { url?: unknown }).url === 'string'
+  )
+}
+
+export function announceReady(service: string, url: string): void {
+  if (typeof process.send === 'function' && process.connected) {
+    const msg: ReadyMessage = { type: 'handoff:ready', service, url }
+    process.send(msg)
+  }
+}

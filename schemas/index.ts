@@ -1,0 +1,42 @@
+import type { TSchema } from 'typebox'
+import { KvTransferParams } from './kv-transfer-params.js'
+import {
+  ChatCompletionRequest,
+  ChatCompletionResponse,
+  ChatMessage,
+  CompletionChunk,
+  CompletionRequest,
+  CompletionResponse,
+  ErrorBody,
+  ModelList,
+  Usage,
+} from './openai.js'
+import { InstanceConfig, InstanceRole, RouterConfig } from './router-config.js'
+import { SimConfig } from './sim-config.js'
+
+/**
+ * Every shared schema, each with an `$id`. Routes reference them with `$ref`; the generator
+ * writes one JSON file per entry to schemas/json/ for consumers outside TypeScript.
+ */
+export const sharedSchemas: readonly TSchema[] = [
+  KvTransferParams,
+  ChatMessage,
+  ChatCompletionRequest,
+  CompletionRequest,
+  Usage,
+  CompletionResponse,
+  ChatCompletionResponse,
+  CompletionChunk,
+  ModelList,
+  ErrorBody,
+  InstanceRole,
+  InstanceConfig,
+  RouterConfig,
+  SimConfig,
+]
+
+export function schemaId(schema: TSchema): string {
+  const id = (schema as { $id?: unknown }).$id
+  if (typeof id !== 'string') throw new Error('shared schema without $id')
+  return id
+}

@@ -1,0 +1,88 @@
+import Type, { type Static } from 'typebox'
+
+/**
+ * The router's config file (`handoff router --config FILE`, JSON). Defaults live here, so the
+ * schema is the documentation; `router/src/config.ts` applies env overrides and validates.
+ */
+export const InstanceRole = Type.Union([Type.Literal('prefill'), Type.Literal('decode'), Type.Literal('both')], {
+  $id: 'InstanceRole',
+})
+export type InstanceRole = Static<typeof InstanceRole>
+
+export const InstanceConfig = Type.Object(
+  {
+    id: Type.String({ minLength: 1, maxLength: 128, pattern: '^[A-Za-z0-9._:-]+$' }),
+    role: Type.Ref('InstanceRole'),
+    url: Type.String({ format: 'uri', pattern: '^https?://' }),
+    // Free-form labels; `transfer_group` restricts pairing (see pairing.mode).
+    labels: Type.Optional(Type.Record(Type.String(), Type.String())),
+  },
+  { $id: 'InstanceConfig', additionalProperties: false },
+)
+export type InstanceConfig = Static<typeof InstanceConfig> & { role: InstanceRole }
+
+export const RouterConfig = Type.Object(
+  {
+    host: Type.String({ default: '127.0.0.1' }),
+    port: Type.Integer({ minimum: 0, maximum: 65535, default: 8000 }),
+    logLevel: Type.Union(
+      [
+        Type.Literal('fatal'),
+        Type.Literal('error'),
+        Type.Literal('warn'),
+        Type.Literal('info'),
+        Type.Literal('debug'),
+        Type.Literal('trace'),
+        Type.Literal('silent'),
+      ],
+      { default: 'info' },
+    ),
+    instances: Type.Array(Type.Ref('InstanceConfig'), { default: [] }),
+    pairing: Type.Object(
+      {
+        // `all`: every decoder may read from every prefiller; `label`: only within the same
+        // value of `label` (default `transfer_group`).
+        mode: Type.Union([Type.Literal('all'), Type.Literal('label')], { default: 'all' }),
+        label: Type.String({ default: 'transfer_group' }),
+      },
+      { default: {}, additionalProperties: false },
+    ),
+    timeouts: Type.Object(
+      {
+        connectMs: Type.Integer({ minimum: 1, default: 5000 }),
+        // Waiting for P's whole answer (prefill of a long prompt).
+        prefillMs: Type.Integer({ minimum: 1, default: 120000 }),
+        // Waiting for D's response headers.
+        decodeHeadersMs: Type.Integer({ minimum: 1, default: 120000 }),
+        // Longest silence between two body chunks of a streamed answer.
+        idleMs: Type.Integer({ minimum: 1, default: 300000 }),
+      },
+      { default: {}, additionalProperties: false },
+    ),
+    limits: Type.Object(
+      {
+        bodyBytes: Type.Integer({ minimum: 1024, default: 16 * 1024 * 1024 }),
+        connectionsPerUpstream: Type.Integer({ minimum: 1, default: 256 }),
+      },
+      { default: {}, additionalProperties: false },
+    ),
+    health: Type.Object(
+      {
+        intervalMs: Type.Integer({ minimum: 50, default: 5000 }),
+        timeoutMs: Type.Integer({ minimum: 10, default: 2000 }),
+        // Consecutive failures (probe or request) that eject an instance.
+        unhealthyThreshold: Type.Integer({ minimum: 1, default: 3 }),
+        // First ejection length; doubles on each re-ejection up to maxEjectionMs.
+        baseEjectionMs: Type.Integer({ minimum: 1, default: 5000 }),
+        maxEjectionMs: Type.Integer({ minimum: 1, default: 120000 }),
+      },
+      { default: {}, additionalProperties: false },
+    ),
+    // Data-plane API keys for /v1 routes; empty means open.
+    apiKeys: Type.Array(Type.String({ minLength: 8 }), { default: [] }),
+    adminToken: Type.Optional(Type.String({ minLength: 8 })),
+    shutdownGraceMs: Type.Integer({ minimum: 0, default: 30000 }),
+  },
+  { $id: 'RouterConfig', additionalProperties: false },
+)
+export type RouterConfig = Static<typeof RouterConfig> & { instances: InstanceConfig[] }

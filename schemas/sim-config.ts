@@ -1,0 +1,40 @@
+import Type, { type Static } from 'typebox'
+
+/** The engine simulator's settings (`handoff sim` flags map onto these). */
+export const SimConfig = Type.Object(
+  {
+    role: Type.Union([Type.Literal('prefill'), Type.Literal('decode'), Type.Literal('both')], { default: 'both' }),
+    host: Type.String({ default: '127.0.0.1' }),
+    port: Type.Integer({ minimum: 0, maximum: 65535, default: 0 }),
+    model: Type.String({ minLength: 1, default: 'handoff/sim-1' }),
+    // One per process incarnation, like vLLM's generated uuid; fixed only when asked.
+    engineId: Type.Optional(Type.String({ minLength: 1 })),
+    // `none`: D computes the prompt's KV itself; `agent`: KV moves through transfer agents.
+    kv: Type.Union([Type.Literal('none'), Type.Literal('agent')], { default: 'none' }),
+    leaseSeconds: Type.Number({ exclusiveMinimum: 0, default: 30 }),
+    blockSize: Type.Integer({ minimum: 1, maximum: 1024, default: 16 }),
+    numBlocks: Type.Integer({ minimum: 1, default: 16384 }),
+    bytesPerToken: Type.Integer({ minimum: 8, maximum: 65536, default: 64 }),
+    maxModelLen: Type.Integer({ minimum: 1, default: 131072 }),
+    defaultMaxTokens: Type.Integer({ minimum: 1, default: 16 }),
+    prefillDelayMs: Type.Number({ minimum: 0, default: 0 }),
+    decodeDelayMs: Type.Number({ minimum: 0, default: 0 }),
+    // Advertised as remote_host/remote_port (vLLM: VLLM_NIXL_SIDE_CHANNEL_HOST/PORT).
+    sideChannelHost: Type.String({ default: '127.0.0.1' }),
+    sideChannelPort: Type.Integer({ minimum: 0, maximum: 65535, default: 5600 }),
+    faults: Type.Object(
+      {
+        errorRate: Type.Number({ minimum: 0, maximum: 1, default: 0 }),
+        stallRate: Type.Number({ minimum: 0, maximum: 1, default: 0 }),
+        stallMs: Type.Number({ minimum: 0, default: 60000 }),
+        // Exit the process (as a crash) when this many requests have been accepted.
+        crashAfter: Type.Optional(Type.Integer({ minimum: 1 })),
+      },
+      { default: {}, additionalProperties: false },
+    ),
+    seed: Type.Optional(Type.Integer()),
+    logLevel: Type.String({ default: 'info' }),
+  },
+  { $id: 'SimConfig', additionalProperties: false },
+)
+export type SimConfig = Static<typeof SimConfig>

@@ -14,7 +14,8 @@ export const SimConfig = Type.Object(
     leaseSeconds: Type.Number({ exclusiveMinimum: 0, default: 30 }),
     blockSize: Type.Integer({ minimum: 1, maximum: 1024, default: 16 }),
     numBlocks: Type.Integer({ minimum: 1, default: 16384 }),
-    bytesPerToken: Type.Integer({ minimum: 8, maximum: 65536, default: 64 }),
+    // A multiple of 8 so each position's bytes are whole 32-bit words (sim/src/kv-bytes.ts).
+    bytesPerToken: Type.Integer({ minimum: 8, maximum: 65536, multipleOf: 8, default: 64 }),
     maxModelLen: Type.Integer({ minimum: 1, default: 131072 }),
     defaultMaxTokens: Type.Integer({ minimum: 1, default: 16 }),
     prefillDelayMs: Type.Number({ minimum: 0, default: 0 }),
@@ -29,10 +30,18 @@ export const SimConfig = Type.Object(
         stallMs: Type.Number({ minimum: 0, default: 60000 }),
         // Exit the process (as a crash) when this many requests have been accepted.
         crashAfter: Type.Optional(Type.Integer({ minimum: 1 })),
+        // 200 with a body that is not JSON.
+        garbageRate: Type.Number({ minimum: 0, maximum: 1, default: 0 }),
+        // Destroy the socket after the headers (and the first SSE chunk when streaming).
+        disconnectRate: Type.Number({ minimum: 0, maximum: 1, default: 0 }),
+        // GET /health answers 503, like vLLM after EngineDeadError.
+        unhealthy: Type.Boolean({ default: false }),
       },
       { default: {}, additionalProperties: false },
     ),
     seed: Type.Optional(Type.Integer()),
+    // Request bodies above this many bytes get 413 (200 KiB prompts must fit with room to spare).
+    bodyLimit: Type.Integer({ minimum: 1024, default: 16 * 1024 * 1024 }),
     logLevel: Type.String({ default: 'info' }),
   },
   { $id: 'SimConfig', additionalProperties: false },

@@ -1,0 +1,150 @@
+import Fastify, { type FastifyBaseLogger, type FastifyError, type FastifyInstance } from 'fastify'
+import { pino, type Logger } from 'pino'
+import { Registry } from 'prom-client'
+import { systemClock, type Clock } from '../../common/clock.js'
+import { loggerOptions } from '../../common/logger.js'
+import { systemRandom, type Random } from '../../common/random.js'
+import { sharedSchemas } from '../../schemas/index.js'
+import type { SimConfig } from '../../schemas/sim-config.js'
+import { BlockAllocator } from './block-allocator.js'
+import type { SimContext } from './context.js'
+import { SimEngine } from './engine.js'
+import { SimKvModeUnsupportedError, SimNotFoundError, SimShuttingDownError } from './errors.js'
+import { FaultState } from './faults.js'
+import { KvRegion } from './kv-region.js'
+import type { KvSource } from './kv-source.js'
+import { LeaseTable } from './leases.js'
+import { createSimMetrics } from './metrics.js'
+import { RequestLog } from './request-log.js'
+import { completionRoutes } from './routes/completions.js'
+import { infoRoutes } from './routes/info.js'
+import { simAdminRoutes } from './routes/sim-admin.js'
+
+export interface SimDeps {
+  config: Readonly<SimConfig>
+  clock?: Clock
+  random?: Random
+  /** A pino logger; tests pass one writing to a sink (or level 'silent'). */
+  logger?: Logger
+  registry?: Registry
+  /** Backing memory of the KV region (a shared-memory mapping in `--kv agent` mode). */
+  kvMemory?: ArrayBuffer | Uint8Array
+  /** How a decoder pulls remote blocks; required by `--kv agent`. */
+  kvSource?: KvSource
+  exit?: (code: number) => void
+}
+
+/** OpenAI error `type` per status, as vLLM names them. */
+function errorType(status: number): string {
+  if (status === 404) return 'NotFoundError'
+  if (status === 413) return 'RequestEntityTooLargeError'
+  if (status < 500) return 'BadRequestError'
+  if (status === 503) return 'ServiceUnavailableError'
+  return 'InternalServerError'
+}
+
+/** The simulator as a fastify instance, not yet listening. */
+export function buildApp(deps: SimDeps): FastifyInstance {
+  const { config } = deps
+  if (config.kv === 'agent' && !deps.kvSource) throw new SimKvModeUnsupportedError(config.kv)
+  const clock = deps.clock ?? systemClock
+  const random = deps.random ?? systemRandom
+  const logger = deps.logger ?? pino(loggerOptions({ name: 'sim', level: config.logLevel }))
+  const registry = deps.registry ?? new Registry()
+
+  const app = Fastify({
+    loggerInstance: logger as FastifyBaseLogger,
+    bodyLimit: config.bodyLimit,
+    requestIdHeader: 'x-request-id',
+    // vLLM's fallback id: a random uuid4 in hex.
+    genReqId: () => random.hex(16),
+    ajv: {
+      // Validate without rewriting: a simulator that coerced or stripped fields would hide
+      // the router bugs it exists to expose.
+      customOptions: { removeAdditional: false, coerceTypes: false, useDefaults: false, allErrors: false },
+    },
+  })
+  for (const s of sharedSchemas) app.addSchema(s)
+
+  const region = deps.kvMemory
+    ? new KvRegion({ memory: deps.kvMemory, blockSize: config.blockSize, bytesPerToken: config.bytesPerToken, numBlocks: config.numBlocks })
+    : KvRegion.allocate({ blockSize: config.blockSize, bytesPerToken: config.bytesPerToken, numBlocks: config.numBlocks })
+  const allocator = new BlockAllocator(config.numBlocks)
+  const metrics = createSimMetrics({ registry, model: config.model, kvUsage: () => allocator.usedCount / allocator.numBlocks })
+  const leases = new LeaseTable({
+    clock,
+    leaseMs: config.leaseSeconds * 1000,
+    onEnd: (lease, reason) => {
+      allocator.free(lease.blockIds)
+      if (reason === 'expired') {
+        metrics.kvExpired.inc(metrics.labels)
+        app.log.warn({ remoteRequestId: lease.requestId, reads: lease.reads }, 'Releasing expired KV blocks')
+      }
+    },
+  })
+  const engineId = config.engineId ?? `sim-${random.hex(8)}`
+  const engine = new SimEngine({
+    role: config.role,
+    engineId,
+    kvMode: config.kv,
+    prefillDelayMs: config.prefillDelayMs,
+    sideChannelHost: config.sideChannelHost,
+    sideChannelPort: config.sideChannelPort,
+    clock,
+    random,
+    region,
+    allocator,
+    leases,
+    metrics,
+    ...(deps.kvSource ? { kvSource: deps.kvSource } : {}),
+  })
+  const shutdown = new AbortController()
+  const ctx: SimContext = {
+    config,
+    clock,
+    random,
+    engine,
+    region,
+    allocator,
+    leases,
+    faults: new FaultState(config.faults),
+    metrics,
+    requests: new RequestLog(100),
+    shutdown: shutdown.signal,
+    exit: deps.exit ?? ((code) => process.exit(code)),
+  }
+
+  app.addHook('preValidation', async (request) => {
+    const path = request.url.split('?')[0] ?? request.url
+    if (path.startsWith('/sim/') || path === '/health' || path === '/metrics') return
+    ctx.requests.add({ receivedAt: clock.now(), method: request.method, path, headers: { ...request.headers }, body: request.body })
+  })
+
+  app.setErrorHandler((err: FastifyError, request, reply) => {
+    const status = err.validation ? 400 : (err.statusCode ?? 500)
+    if (status >= 500) request.log.error({ err }, 'request failed')
+    else request.log.info({ code: err.code, msg: err.message }, 'request rejected')
+    const code = err.validation ? 'SIM_ERR_BAD_REQUEST' : (err.code ?? (status >= 500 ? 'SIM_ERR_INTERNAL' : 'SIM_ERR_BAD_REQUEST'))
+    return reply.code(status).send({ error: { message: err.message, type: errorType(status), param: null, code } })
+  })
+  app.setNotFoundHandler((request, reply) => {
+    const err = new SimNotFoundError(request.method, request.url)
+    return reply.code(404).send({ error: { message: err.message, type: 'NotFoundError', param: null, code: err.code } })
+  })
+
+  app.register(completionRoutes, ctx)
+  app.register(infoRoutes, ctx)
+  app.register(simAdminRoutes, ctx)
+
+  if (config.kv === 'agent') leases.start()
+  // preClose, not onClose: the server waits for open connections before onClose runs, so a
+  // stalled request would otherwise hold shutdown for its whole stall.
+  app.addHook('preClose', async () => {
+    shutdown.abort(new SimShuttingDownError())
+  })
+  app.addHook('onClose', async () => {
+    leases.stop()
+  })
+  app.log.info({ engineId, role: config.role, kv: config.kv, model: config.model }, 'simulator built')
+  return app
+}

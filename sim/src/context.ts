@@ -1,0 +1,28 @@
+import type { Clock } from '../../common/clock.js'
+import type { Random } from '../../common/random.js'
+import type { SimConfig } from '../../schemas/sim-config.js'
+import type { BlockAllocator } from './block-allocator.js'
+import type { SimEngine } from './engine.js'
+import type { FaultState } from './faults.js'
+import type { KvRegion } from './kv-region.js'
+import type { LeaseTable } from './leases.js'
+import type { SimMetrics } from './metrics.js'
+import type { RequestLog } from './request-log.js'
+
+/** Everything the route plugins share, built once by buildApp and passed as plugin options. */
+export interface SimContext {
+  readonly config: Readonly<SimConfig>
+  readonly clock: Clock
+  readonly random: Random
+  readonly engine: SimEngine
+  readonly region: KvRegion
+  readonly allocator: BlockAllocator
+  readonly leases: LeaseTable
+  readonly faults: FaultState
+  readonly metrics: SimMetrics
+  readonly requests: RequestLog
+  /** Aborted when the app closes: stalls and delays end instead of holding shutdown. */
+  readonly shutdown: AbortSignal
+  /** process.exit in production; a recorder in tests (crashAfter). */
+  readonly exit: (code: number) => void
+}

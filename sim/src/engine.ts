@@ -1,0 +1,187 @@
+import type { Clock } from '../../common/clock.js'
+import type { Random } from '../../common/random.js'
+import type { BlockAllocator } from './block-allocator.js'
+import { sleep } from './delays.js'
+import { SimNumTokensMismatchError } from './errors.js'
+import { generateTokens, kvDigest } from './generator.js'
+import { writePromptKv } from './kv-bytes.js'
+import type { KvRegion } from './kv-region.js'
+import { parseRemoteKv, type KvSource, type RemoteKv } from './kv-source.js'
+import type { LeaseTable } from './leases.js'
+import type { SimMetrics } from './metrics.js'
+import type { PromptInput } from './prompt.js'
+
+export type Role = 'prefill' | 'decode' | 'both'
+
+/** How a request was served: the log and tests read it. */
+export type ServeMode = 'prefill' | 'remote-decode' | 'local'
+
+export interface EngineOptions {
+  role: Role
+  engineId: string
+  kvMode: 'none' | 'agent'
+  prefillDelayMs: number
+  sideChannelHost: string
+  sideChannelPort: number
+  clock: Clock
+  random: Random
+  region: KvRegion
+  allocator: BlockAllocator
+  leases: LeaseTable
+  metrics: SimMetrics
+  /** Present in `--kv agent` mode only. */
+  kvSource?: KvSource
+}
+
+export interface EngineRequest {
+  /** vLLM's response id (`cmpl-<X-Request-Id>`); the internal id appends 8 random chars. */
+  responseId: string
+  input: PromptInput
+  kvTransferParams: Record<string, unknown> | null | undefined
+  signal: AbortSignal
+  log: { warn(obj: object, msg: string): void; info(obj: object, msg: string): void }
+}
+
+export interface EngineResult {
+  internalId: string
+  mode: ServeMode
+  promptTokens: number
+  /** Every output token, already computed; the route paces them out. */
+  outputTokens: number[]
+  kvTransferParams: Record<string, unknown> | null
+}
+
+/**
+ * The simulated engine: prefill writes real KV bytes into allocated blocks, and the output
+ * is generated from the digest of the blocks held. The P/D behaviour follows vLLM's
+ * NixlPullConnector (protocol reference §1.2–§1.4).
+ */
+export class SimEngine {
+  readonly #o: EngineOptions
+
+  constructor(opts: EngineOptions) {
+    this.#o = opts
+  }
+
+  get engineId(): string {
+    return this.#o.engineId
+  }
+
+  async run(req: EngineRequest): Promise<EngineResult> {
+    const o = this.#o
+    const internalId = `${req.responseId}-${o.random.hex(4)}`
+    const params = req.kvTransferParams ?? undefined
+    const { tokens, maxTokens } = req.input
+    const started = o.clock.monotonic()
+    o.metrics.promptTokens.inc(o.metrics.labels, tokens.length)
+
+    if (params?.do_remote_decode === true) {
+      if (o.role !== 'decode') return this.#prefillLeg(req, internalId, started)
+      req.log.warn({ internalId }, 'do_remote_decode sent to a decode-only simulator; serving locally')
+    }
+
+    let outputTokens: number[] | undefined
+    let mode: ServeMode = 'local'
+    if (params?.do_remote_prefill === true) {
+      if (o.role === 'prefill') {
+        req.log.warn({ internalId }, 'do_remote_prefill sent to a prefill-only simulator; serving locally')
+      } else {
+        // Not a vLLM check: a router that changed the prompt between legs would otherwise
+        // go unnoticed in `--kv none` mode, where D never reads P's bytes.
+        const remoteNum = params.remote_num_tokens
+        if (typeof remoteNum === 'number' && remoteNum !== tokens.length) {
+          throw new SimNumTokensMismatchError(remoteNum, tokens.length)
+        }
+        const remote = parseRemoteKv(params)
+        if ('missing' in remote) {
+          req.log.warn({ internalId, missing: remote.missing, kvTransferParams: params }, 'Got invalid KVTransferParams')
+        } else if (o.kvSource) {
+          outputTokens = await this.#pullAndGenerate(o.kvSource, remote, req)
+          mode = 'remote-decode'
+        } else {
+          // `--kv none`: the blocks are not read; D computes the same KV itself, so the
+          // text equals the oracle's, without paying the prefill delay a real D skips too.
+          outputTokens = this.#computeLocally(tokens, maxTokens)
+          mode = 'remote-decode'
+        }
+      }
+    }
+    if (!outputTokens) {
+      await sleep(o.clock, o.prefillDelayMs, req.signal)
+      outputTokens = this.#computeLocally(tokens, maxTokens)
+    }
+    o.metrics.ttft.observe(o.metrics.labels, (o.clock.monotonic() - started) / 1000)
+    return { internalId, mode, promptTokens: tokens.length, outputTokens, kvTransferParams: null }
+  }
+
+  /** P leg: prefill into blocks, keep them under a lease (agent mode), answer with the params. */
+  async #prefillLeg(req: EngineRequest, internalId: string, started: number): Promise<EngineResult> {
+    const o = this.#o
+    const { tokens, maxTokens } = req.input
+    const blocks = o.allocator.allocate(o.region.blocksFor(tokens.length))
+    let outputTokens: number[]
+    try {
+      await sleep(o.clock, o.prefillDelayMs, req.signal)
+      writePromptKv(o.region, blocks, tokens)
+      outputTokens = generateTokens(kvDigest(o.region, blocks, tokens.length), maxTokens)
+    } catch (err) {
+      // An aborted prefill frees its blocks and returns no params, as vLLM does.
+      o.allocator.free(blocks)
+      throw err
+    }
+    let expiry: number | null = null
+    if (o.kvMode === 'none') {
+      // Nobody reads the blocks in `--kv none` mode (D recomputes), so pinning them would
+      // only leak capacity until the lease expired.
+      o.allocator.free(blocks)
+    } else {
+      o.leases.pin(internalId, blocks)
+      expiry = (o.leases.expiresAtWall(internalId) ?? 0) / 1000
+    }
+    o.metrics.ttft.observe(o.metrics.labels, (o.clock.monotonic() - started) / 1000)
+    const kvTransferParams = {
+      do_remote_prefill: true,
+      do_remote_decode: false,
+      remote_block_ids: [blocks],
+      remote_engine_id: o.engineId,
+      remote_request_id: internalId,
+      remote_host: o.sideChannelHost,
+      remote_port: o.sideChannelPort,
+      tp_size: 1,
+      dcp_size: 1,
+      pp_size: 1,
+      remote_num_tokens: tokens.length,
+      // vLLM's P sends null; in agent mode the P agent's lease deadline (wall seconds).
+      remote_blocks_expiry_time: expiry,
+      transfer_mode: 'pull',
+    }
+    return { internalId, mode: 'prefill', promptTokens: tokens.length, outputTokens, kvTransferParams }
+  }
+
+  /** Prefill into scratch blocks, digest, free: the decoder keeps only the digest while decoding. */
+  #computeLocally(tokens: Uint32Array, maxTokens: number): number[] {
+    const o = this.#o
+    const blocks = o.allocator.allocate(o.region.blocksFor(tokens.length))
+    try {
+      writePromptKv(o.region, blocks, tokens)
+      return generateTokens(kvDigest(o.region, blocks, tokens.length), maxTokens)
+    } finally {
+      o.allocator.free(blocks)
+    }
+  }
+
+  async #pullAndGenerate(source: KvSource, remote: RemoteKv, req: EngineRequest): Promise<number[]> {
+    const o = this.#o
+    const { tokens, maxTokens } = req.input
+    const blocks = o.allocator.allocate(o.region.blocksFor(tokens.length))
+    try {
+      await source.pull(remote, o.region, blocks, tokens.length, req.signal)
+      return generateTokens(kvDigest(o.region, blocks, tokens.length), maxTokens)
+    } catch (err) {
+      o.metrics.failedTransfers.inc(o.metrics.labels)
+      throw err
+    } finally {
+      o.allocator.free(blocks)
+    }
+  }
+}

@@ -1,0 +1,51 @@
+import type { KvRegion } from './kv-region.js'
+
+/**
+ * The KV bytes of token position i are a pure function of (tokens[0..i], i): a 64-bit prefix
+ * hash (two 32-bit lanes) of the tokens so far, expanded by xorshift32 to bytesPerToken bytes.
+ * Two prompts that share a prefix share those positions' bytes, like a real KV cache, and any
+ * change at position j changes every position from j on.
+ *
+ * Bytes are written as native-endian 32-bit words (little-endian on every platform Node
+ * supports for this project); the oracle uses the same code, so it always agrees.
+ */
+
+const GOLDEN = 0x9e3779b9
+
+/** murmur3's 32-bit finalizer: a cheap, well-mixed step for the prefix hash. */
+function fmix(h: number): number {
+  h ^= h >>> 16
+  h = Math.imul(h, 0x85ebca6b)
+  h ^= h >>> 13
+  h = Math.imul(h, 0xc2b2ae35)
+  h ^= h >>> 16
+  return h >>> 0
+}
+
+/**
+ * Writes positions [0, tokens.length) of a prompt into `blockIds` (in order, blockSize
+ * positions per block). `blockIds` must hold at least region.blocksFor(tokens.length) ids.
+ */
+export function writePromptKv(region: KvRegion, blockIds: readonly number[], tokens: Uint32Array): void {
+  const words = region.words
+  const wordsPerToken = region.bytesPerToken / 4
+  const blockWords = region.blockBytes / 4
+  let a = 0x6a09e667
+  let b = 0xbb67ae85
+  for (let i = 0; i < tokens.length; i++) {
+    const t = tokens[i] as number
+    a = fmix((a ^ t) + Math.imul(i, GOLDEN))
+    b = fmix(b + Math.imul(t ^ a, 0x27d4eb2f) + i)
+    const block = blockIds[Math.floor(i / region.blockSize)]
+    if (block === undefined) throw new RangeError(`no block for position ${i}`)
+    let w = block * blockWords + (i % region.blockSize) * wordsPerToken
+    // xorshift32 must not start at 0; `| 1` keeps the seed odd.
+    let s = (a ^ Math.imul(i + 1, GOLDEN)) | 1
+    for (let k = 0; k < wordsPerToken; k++) {
+      s ^= s << 13
+      s ^= s >>> 17
+      s ^= s << 5
+      words[w++] = (s + b + k) >>> 0
+    }
+  }
+}

@@ -1,0 +1,175 @@
+import { PassThrough } from 'node:stream'
+import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify'
+import type { ChatCompletionRequest, CompletionRequest, Usage } from '../../../schemas/openai.js'
+import type { SimContext } from '../context.js'
+import { sleep } from '../delays.js'
+import type { EngineResult } from '../engine.js'
+import { SimInjectedError, SimModelNotFoundError } from '../errors.js'
+import { detokenize, detokenizeOne } from '../generator.js'
+import { preparePrompt, specFromChat, specFromCompletion, type PromptSpec } from '../prompt.js'
+
+type Kind = 'completion' | 'chat'
+type Body = CompletionRequest | ChatCompletionRequest
+
+const errorResponses = { '4xx': { $ref: 'ErrorBody#' }, '5xx': { $ref: 'ErrorBody#' } }
+
+/** POST /v1/completions and /v1/chat/completions, streamed (SSE) or not. */
+export async function completionRoutes(app: FastifyInstance, ctx: SimContext): Promise<void> {
+  app.post<{ Body: CompletionRequest }>(
+    '/v1/completions',
+    { schema: { body: { $ref: 'CompletionRequest#' }, response: { 200: { $ref: 'CompletionResponse#' }, ...errorResponses } } },
+    (request, reply) => serve(ctx, 'completion', request, reply, specFromCompletion(request.body)),
+  )
+  app.post<{ Body: ChatCompletionRequest }>(
+    '/v1/chat/completions',
+    { schema: { body: { $ref: 'ChatCompletionRequest#' }, response: { 200: { $ref: 'ChatCompletionResponse#' }, ...errorResponses } } },
+    (request, reply) => serve(ctx, 'chat', request, reply, specFromChat(request.body)),
+  )
+}
+
+async function serve(ctx: SimContext, kind: Kind, request: FastifyRequest<{ Body: Body }>, reply: FastifyReply, spec: PromptSpec): Promise<unknown> {
+  const { config, metrics } = ctx
+  const body = request.body
+  const fault = ctx.faults.decide(ctx.random)
+  if (fault === 'crash') {
+    request.log.fatal({ accepted: ctx.faults.accepted }, 'injected crash (crashAfter)')
+    ctx.exit(1)
+    // Only reached when exit is stubbed (tests): drop the connection as a dead process would.
+    reply.hijack()
+    reply.raw.destroy()
+    return reply
+  }
+  if (fault === 'error') throw new SimInjectedError()
+  if (fault === 'garbage') return reply.code(200).type('application/json').send('<html>not json: injected garbage</html>')
+
+  // One signal for "stop working on this": the client left, or the app is closing.
+  const clientGone = new AbortController()
+  reply.raw.on('close', () => {
+    if (!reply.raw.writableFinished) clientGone.abort(new Error('client disconnected'))
+  })
+  const signal = AbortSignal.any([clientGone.signal, ctx.shutdown])
+  if (fault === 'stall') {
+    request.log.warn({ stallMs: ctx.faults.current.stallMs }, 'injected stall')
+    await sleep(ctx.clock, ctx.faults.current.stallMs, signal)
+  }
+
+  if (body.model !== config.model) throw new SimModelNotFoundError(body.model)
+  const input = preparePrompt(spec, config)
+  const responseId = `${kind === 'chat' ? 'chatcmpl' : 'cmpl'}-${request.id}`
+
+  metrics.running.inc(metrics.labels)
+  let finished = false
+  const done = (ok: boolean, result?: EngineResult): void => {
+    if (finished) return
+    finished = true
+    metrics.running.dec(metrics.labels)
+    if (ok && result) {
+      metrics.success.inc({ ...metrics.labels, finished_reason: 'length' })
+      metrics.generationTokens.inc(metrics.labels, result.outputTokens.length)
+    }
+  }
+  let result: EngineResult
+  try {
+    result = await ctx.engine.run({ responseId, input, kvTransferParams: body.kv_transfer_params, signal, log: request.log })
+  } catch (err) {
+    done(false)
+    throw err
+  }
+  request.log.info(
+    { internalId: result.internalId, mode: result.mode, promptTokens: result.promptTokens, outputTokens: result.outputTokens.length },
+    'request served',
+  )
+  const created = Math.floor(ctx.clock.now() / 1000)
+  const usage: Usage = {
+    prompt_tokens: result.promptTokens,
+    completion_tokens: result.outputTokens.length,
+    total_tokens: result.promptTokens + result.outputTokens.length,
+  }
+  const head = { id: responseId, created, model: config.model }
+
+  if (body.stream === true) {
+    const includeUsage = (body.stream_options as { include_usage?: unknown } | null | undefined)?.include_usage === true
+    const stream = new PassThrough()
+    reply.header('content-type', 'text/event-stream').header('cache-control', 'no-cache')
+    void streamTokens(ctx, kind, head, result, includeUsage ? usage : undefined, stream, signal, fault === 'disconnect').then(
+      () => done(true, result),
+      (err: unknown) => {
+        done(false)
+        request.log.warn({ err }, 'stream ended early')
+      },
+    )
+    return reply.send(stream)
+  }
+
+  try {
+    // The first token comes out of prefill; each further one costs a decode step.
+    await sleep(ctx.clock, config.decodeDelayMs * Math.max(0, result.outputTokens.length - 1), signal)
+  } catch (err) {
+    done(false)
+    throw err
+  }
+  const text = detokenize(result.outputTokens)
+  const choice =
+    kind === 'chat'
+      ? { index: 0, message: { role: 'assistant', content: text }, logprobs: null, finish_reason: 'length', stop_reason: null }
+      : { index: 0, text, logprobs: null, finish_reason: 'length', stop_reason: null }
+  const payload = {
+    ...head,
+    object: kind === 'chat' ? 'chat.completion' : 'text_completion',
+    choices: [choice],
+    usage,
+    kv_transfer_params: result.kvTransferParams,
+  }
+  if (fault === 'disconnect') {
+    done(false)
+    // Headers and part of the body, then the socket goes: what a crashing engine looks like.
+    reply.hijack()
+    reply.raw.writeHead(200, { 'content-type': 'application/json' })
+    reply.raw.write(JSON.stringify(payload).slice(0, 16))
+    reply.raw.destroy()
+    return reply
+  }
+  done(true, result)
+  return reply.send(payload)
+}
+
+/** Writes the SSE frames, pacing tokens by decodeDelayMs; rejects when cut short. */
+async function streamTokens(
+  ctx: SimContext,
+  kind: Kind,
+  head: { id: string; created: number; model: string },
+  result: EngineResult,
+  usage: Usage | undefined,
+  out: PassThrough,
+  signal: AbortSignal,
+  disconnect: boolean,
+): Promise<void> {
+  const object = kind === 'chat' ? 'chat.completion.chunk' : 'text_completion'
+  const frame = (choices: unknown[], extra?: object): void => {
+    out.write(`data: ${JSON.stringify({ id: head.id, object, created: head.created, model: head.model, choices, ...extra })}\n\n`)
+  }
+  const n = result.outputTokens.length
+  try {
+    if (kind === 'chat') frame([{ index: 0, delta: { role: 'assistant', content: '' }, logprobs: null, finish_reason: null }])
+    for (let i = 0; i < n; i++) {
+      if (i > 0) await sleep(ctx.clock, ctx.config.decodeDelayMs, signal)
+      if (signal.aborted) throw signal.reason
+      const text = detokenizeOne(result.outputTokens[i] as number)
+      const finish = i === n - 1 ? 'length' : null
+      frame([
+        kind === 'chat'
+          ? { index: 0, delta: { content: text }, logprobs: null, finish_reason: finish, stop_reason: null }
+          : { index: 0, text, logprobs: null, finish_reason: finish, stop_reason: null },
+      ])
+      if (disconnect) {
+        out.destroy(new Error('injected disconnect'))
+        throw new Error('injected disconnect')
+      }
+    }
+    if (usage) frame([], { usage })
+    out.end('data: [DONE]\n\n')
+  } catch (err) {
+    if (!out.destroyed) out.destroy()
+    throw err
+  }
+}

@@ -1,0 +1,107 @@
+import type { FastifyInstance } from 'fastify'
+import Type from 'typebox'
+import type { SimContext } from '../context.js'
+import type { FaultsPatch } from '../faults.js'
+
+/** POST /sim/faults takes any subset of the fault settings; unknown keys are rejected. */
+export const FaultsPatchSchema = Type.Object(
+  {
+    errorRate: Type.Optional(Type.Number({ minimum: 0, maximum: 1 })),
+    stallRate: Type.Optional(Type.Number({ minimum: 0, maximum: 1 })),
+    stallMs: Type.Optional(Type.Number({ minimum: 0 })),
+    crashAfter: Type.Optional(Type.Union([Type.Integer({ minimum: 1 }), Type.Null()])),
+    garbageRate: Type.Optional(Type.Number({ minimum: 0, maximum: 1 })),
+    disconnectRate: Type.Optional(Type.Number({ minimum: 0, maximum: 1 })),
+    unhealthy: Type.Optional(Type.Boolean()),
+  },
+  { additionalProperties: false },
+)
+
+const FaultsView = Type.Object(
+  {
+    errorRate: Type.Number(),
+    stallRate: Type.Number(),
+    stallMs: Type.Number(),
+    crashAfter: Type.Optional(Type.Integer()),
+    garbageRate: Type.Number(),
+    disconnectRate: Type.Number(),
+    unhealthy: Type.Boolean(),
+  },
+  { additionalProperties: false },
+)
+
+const RecordedRequestView = Type.Object(
+  {
+    seq: Type.Integer(),
+    receivedAt: Type.Number(),
+    method: Type.String(),
+    path: Type.String(),
+    headers: Type.Object({}, { additionalProperties: true }),
+    body: Type.Unknown(),
+  },
+  { additionalProperties: false },
+)
+
+const errorResponses = { '4xx': { $ref: 'ErrorBody#' } }
+
+/** Test and chaos controls. Not part of vLLM's surface; a router never calls them. */
+export async function simAdminRoutes(app: FastifyInstance, ctx: SimContext): Promise<void> {
+  app.get('/sim/faults', { schema: { response: { 200: FaultsView } } }, async () => ctx.faults.current)
+
+  app.post<{ Body: FaultsPatch }>(
+    '/sim/faults',
+    { schema: { body: FaultsPatchSchema, response: { 200: FaultsView, ...errorResponses } } },
+    async (request) => {
+      const next = ctx.faults.update(request.body)
+      request.log.warn({ faults: next }, 'faults changed')
+      return next
+    },
+  )
+
+  app.get(
+    '/sim/requests',
+    { schema: { response: { 200: Type.Object({ requests: Type.Array(RecordedRequestView) }, { additionalProperties: false }) } } },
+    async () => ({ requests: ctx.requests.list() }),
+  )
+
+  app.post('/sim/requests/clear', { schema: { response: { 204: { type: 'null' } } } }, async (_request, reply) => {
+    ctx.requests.clear()
+    return reply.code(204).send()
+  })
+
+  // Engine identity and KV occupancy, for tests and the transfer agent's registration later.
+  app.get(
+    '/sim/info',
+    {
+      schema: {
+        response: {
+          200: Type.Object(
+            {
+              engineId: Type.String(),
+              role: Type.String(),
+              kv: Type.String(),
+              model: Type.String(),
+              blockSize: Type.Integer(),
+              bytesPerToken: Type.Integer(),
+              numBlocks: Type.Integer(),
+              usedBlocks: Type.Integer(),
+              leases: Type.Integer(),
+            },
+            { additionalProperties: false },
+          ),
+        },
+      },
+    },
+    async () => ({
+      engineId: ctx.engine.engineId,
+      role: ctx.config.role,
+      kv: ctx.config.kv,
+      model: ctx.config.model,
+      blockSize: ctx.region.blockSize,
+      bytesPerToken: ctx.region.bytesPerToken,
+      numBlocks: ctx.region.numBlocks,
+      usedBlocks: ctx.allocator.usedCount,
+      leases: ctx.leases.size,
+    }),
+  )
+}

@@ -1,0 +1,785 @@
+#include "agent.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <utility>
+
+#include "nixl_loader.h"
+
+namespace hnx {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+Napi::Error ArgError(Napi::Env env, const std::string& message) {
+  Napi::Error err = Napi::TypeError::New(env, message);
+  err.Set("code", Napi::String::New(env, "NAT_ERR_INVALID_ARG"));
+  return err;
+}
+
+Napi::Promise Rejected(Napi::Env env, const Failure& f) {
+  auto d = Napi::Promise::Deferred::New(env);
+  d.Reject(ToJsError(env, f).Value());
+  return d.Promise();
+}
+
+std::string StringArg(const Napi::CallbackInfo& info, size_t i, const char* what) {
+  if (info.Length() <= i || !info[i].IsString()) throw ArgError(info.Env(), std::string(what) + " must be a string");
+  return info[i].As<Napi::String>().Utf8Value();
+}
+
+// Copies a BigUint64Array of (addr, len, devId) triples; the JS array may change afterwards.
+std::vector<uint64_t> TriplesArg(const Napi::CallbackInfo& info, size_t i, const char* what) {
+  if (info.Length() <= i || !info[i].IsTypedArray() ||
+      info[i].As<Napi::TypedArray>().TypedArrayType() != napi_biguint64_array) {
+    throw ArgError(info.Env(), std::string(what) + " must be a BigUint64Array");
+  }
+  auto arr = info[i].As<Napi::TypedArrayOf<uint64_t>>();
+  if (arr.ElementLength() == 0 || arr.ElementLength() % 3 != 0) {
+    throw ArgError(info.Env(), std::string(what) + " must hold (addr, len, devId) triples");
+  }
+  return std::vector<uint64_t>(arr.Data(), arr.Data() + arr.ElementLength());
+}
+
+MemType KindArg(const Napi::CallbackInfo& info, size_t i) {
+  if (info.Length() <= i || !info[i].IsNumber()) throw ArgError(info.Env(), "memory kind must be a number");
+  int k = info[i].As<Napi::Number>().Int32Value();
+  if (k != kMemDram && k != kMemVram) throw ArgError(info.Env(), "memory kind must be DRAM (0) or VRAM (1)");
+  return static_cast<MemType>(k);
+}
+
+std::optional<std::string> OptionalBytes(const Napi::CallbackInfo& info, size_t i) {
+  if (info.Length() <= i || info[i].IsUndefined() || info[i].IsNull()) return std::nullopt;
+  if (!info[i].IsBuffer()) throw ArgError(info.Env(), "notification must be a Buffer");
+  auto b = info[i].As<Napi::Buffer<char>>();
+  return std::string(b.Data(), b.Length());
+}
+
+std::vector<std::string> ReadStringList(const SymbolTable& api, StringList list) {
+  std::vector<std::string> out;
+  size_t n = 0;
+  if (api.string_list_size(list, &n) != kSuccess) return out;
+  for (size_t i = 0; i < n; ++i) {
+    const char* s = nullptr;
+    if (api.string_list_get(list, i, &s) == kSuccess && s != nullptr) out.emplace_back(s);
+  }
+  return out;
+}
+
+using ParamPairs = std::vector<std::pair<std::string, std::string>>;
+
+ParamPairs ReadParams(const SymbolTable& api, Params params) {
+  ParamPairs out;
+  bool empty = true;
+  if (api.params_is_empty(params, &empty) != kSuccess || empty) return out;
+  ParamIter it = nullptr;
+  if (api.params_create_iterator(params, &it) != kSuccess) return out;
+  // The iterator reports has_next == false together with the last pair, and bounds the loop
+  // to the map's size; the cap is belt and braces against a misbehaving library.
+  for (int guard = 0; guard < 4096; ++guard) {
+    const char* k = nullptr;
+    const char* v = nullptr;
+    bool more = false;
+    if (api.params_iterator_next(it, &k, &v, &more) != kSuccess) break;
+    if (k != nullptr) out.emplace_back(k, v != nullptr ? v : "");
+    if (!more) break;
+  }
+  api.params_destroy_iterator(it);
+  return out;
+}
+
+std::vector<std::string> ReadMemList(const SymbolTable& api, MemList mems) {
+  static const char* const kNames[] = {"dram", "vram", "block", "object", "file", "unknown"};
+  std::vector<std::string> out;
+  size_t n = 0;
+  if (api.mem_list_size(mems, &n) != kSuccess) return out;
+  for (size_t i = 0; i < n; ++i) {
+    MemType t = kMemUnknown;
+    if (api.mem_list_get(mems, i, &t) == kSuccess && t >= 0 && t <= kMemUnknown) out.emplace_back(kNames[t]);
+  }
+  return out;
+}
+
+Napi::Object ParamsObject(Napi::Env env, const ParamPairs& pairs) {
+  Napi::Object o = Napi::Object::New(env);
+  for (const auto& [k, v] : pairs) o.Set(k, v);
+  return o;
+}
+
+Napi::Array StringArray(Napi::Env env, const std::vector<std::string>& items) {
+  Napi::Array a = Napi::Array::New(env, items.size());
+  for (size_t i = 0; i < items.size(); ++i) a.Set(static_cast<uint32_t>(i), items[i]);
+  return a;
+}
+
+}  // namespace
+
+void DispatchEvent(Napi::Env env, Napi::Function on_notification, Bridge* bridge, Event* raw) {
+  std::unique_ptr<Event> event(raw);
+  // env is null while the function is being torn down: only free the data.
+  if (env == nullptr || event == nullptr) return;
+  if (event->kind == Event::kReadSettled) {
+    if (event->failure) {
+      event->deferred->Reject(ToJsError(env, *event->failure).Value());
+    } else {
+      Napi::Object result = Napi::Object::New(env);
+      result.Set("bytes", event->bytes);
+      result.Set("micros", event->micros);
+      event->deferred->Resolve(result);
+    }
+    if (bridge != nullptr && bridge->owner != nullptr) bridge->owner->ReadSettled(env);
+    return;
+  }
+  if (on_notification.IsEmpty() || !on_notification.IsFunction()) return;
+  on_notification.Call({Napi::String::New(env, event->peer),
+                        Napi::Buffer<char>::Copy(env, event->message.data(), event->message.size())});
+}
+
+Napi::Function NativeAgent::Init(Napi::Env env) {
+  return DefineClass(env, "NativeAgent",
+                     {
+                         InstanceMethod<&NativeAgent::Create>("create"),
+                         InstanceMethod<&NativeAgent::ListPlugins>("listPlugins"),
+                         InstanceMethod<&NativeAgent::PluginParams>("pluginParams"),
+                         InstanceMethod<&NativeAgent::CreateBackend>("createBackend"),
+                         InstanceMethod<&NativeAgent::RegisterMem>("registerMem"),
+                         InstanceMethod<&NativeAgent::DeregisterMem>("deregisterMem"),
+                         InstanceMethod<&NativeAgent::LocalMetadata>("localMetadata"),
+                         InstanceMethod<&NativeAgent::LoadRemoteMetadata>("loadRemoteMetadata"),
+                         InstanceMethod<&NativeAgent::InvalidatePeer>("invalidatePeer"),
+                         InstanceMethod<&NativeAgent::CheckPeer>("checkPeer"),
+                         InstanceMethod<&NativeAgent::GenNotif>("genNotif"),
+                         InstanceMethod<&NativeAgent::Read>("read"),
+                         InstanceMethod<&NativeAgent::Cancel>("cancel"),
+                         InstanceMethod<&NativeAgent::Close>("close"),
+                     });
+}
+
+// new NativeAgent(onNotification(peer: string, msg: Buffer))
+NativeAgent::NativeAgent(const Napi::CallbackInfo& info) : Napi::ObjectWrap<NativeAgent>(info) {
+  Napi::Env env = info.Env();
+  if (info.Length() < 1 || !info[0].IsFunction()) throw ArgError(env, "onNotification must be a function");
+  auto* bridge = new Bridge{this};
+  tsfn_ = EventTsfn::New(env, info[0].As<Napi::Function>(), "handoff-nixl-events", 0, 1, bridge,
+                         [](Napi::Env, void*, Bridge* b) { delete b; });
+  // Unreferenced until a read is pending: an idle agent must not keep the process alive.
+  tsfn_.Unref(env);
+}
+
+NativeAgent::~NativeAgent() {
+  // Reached only when JS dropped the object without close(): no read is pending (each pending
+  // read holds a strong reference) and no one-shot worker is running (each holds one too).
+  closed_ = true;
+  Shutdown();
+  Bridge* bridge = tsfn_.GetContext();
+  if (bridge != nullptr) bridge->owner = nullptr;
+  if (!tsfn_released_) {
+    tsfn_.Release();
+    tsfn_released_ = true;
+  }
+}
+
+std::optional<Failure> NativeAgent::Unusable() const {
+  if (closed_) return MakeFailure("NAT_ERR_AGENT_CLOSED", "the NIXL agent is closed");
+  if (Nixl() == nullptr) return MakeFailure("NAT_ERR_NIXL_NOT_AVAILABLE", "NIXL is not loaded");
+  return std::nullopt;
+}
+
+// create(name, progThread, syncMode, pthrDelayUs, busyPollUs, idlePollUs) -> Promise<void>
+Napi::Value NativeAgent::Create(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  if (auto bad = Unusable()) return Rejected(env, *bad);
+  std::string name = StringArg(info, 0, "agent name");
+  AgentConfig cfg{};
+  cfg.enable_prog_thread = info.Length() > 1 && info[1].ToBoolean().Value();
+  cfg.enable_listen_thread = false;  // metadata travels over the application's own channel
+  cfg.listen_port = 0;
+  cfg.thread_sync = static_cast<ThreadSync>(info.Length() > 2 ? info[2].ToNumber().Int32Value() : 0);
+  cfg.num_workers = 1;
+  cfg.pthr_delay_us = info.Length() > 3 ? static_cast<uint64_t>(info[3].ToNumber().Int64Value()) : 0;
+  cfg.lthr_delay_us = 100000;
+  cfg.capture_telemetry = false;
+  if (info.Length() > 4) busy_poll_ = std::chrono::microseconds(info[4].ToNumber().Int64Value());
+  if (info.Length() > 5) idle_poll_ = std::chrono::microseconds(info[5].ToNumber().Int64Value());
+
+  return OneShot::Run(env, Value(), "nixl.createAgent",
+      [this, name, cfg]() -> std::optional<Failure> {
+        const SymbolTable& api = *Nixl();
+        std::lock_guard<std::mutex> lock(nixl_mu_);
+        if (closed_) return MakeFailure("NAT_ERR_AGENT_CLOSED", "the NIXL agent is closed");
+        if (agent_ != nullptr) return MakeFailure("NAT_ERR_INVALID_ARG", "agent already created");
+        Agent a = nullptr;
+        Status st = api.create_configured_agent(name.c_str(), &cfg, &a);
+        if (st != kSuccess) return StatusFailure("create_configured_agent", st);
+        NotifMap map = nullptr;
+        st = api.create_notif_map(&map);
+        if (st != kSuccess) {
+          api.destroy_agent(a);
+          return StatusFailure("create_notif_map", st);
+        }
+        agent_ = a;
+        notif_map_ = map;
+        name_ = name;
+        poller_ = std::thread(&NativeAgent::PollLoop, this);
+        return std::nullopt;
+      },
+      nullptr);
+}
+
+Napi::Value NativeAgent::ListPlugins(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  if (auto bad = Unusable()) return Rejected(env, *bad);
+  auto names = std::make_shared<std::vector<std::string>>();
+  return OneShot::Run(env, Value(), "nixl.listPlugins",
+      [this, names]() -> std::optional<Failure> {
+        const SymbolTable& api = *Nixl();
+        std::lock_guard<std::mutex> lock(nixl_mu_);
+        if (agent_ == nullptr) return MakeFailure("NAT_ERR_AGENT_CLOSED", "the NIXL agent is closed");
+        StringList list = nullptr;
+        Status st = api.get_available_plugins(agent_, &list);
+        if (st != kSuccess) return StatusFailure("get_available_plugins", st);
+        *names = ReadStringList(api, list);
+        api.destroy_string_list(list);
+        return std::nullopt;
+      },
+      [names](Napi::Env e) -> Napi::Value { return StringArray(e, *names); });
+}
+
+Napi::Value NativeAgent::PluginParams(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  if (auto bad = Unusable()) return Rejected(env, *bad);
+  std::string plugin = StringArg(info, 0, "plugin name");
+  auto pairs = std::make_shared<ParamPairs>();
+  auto mems = std::make_shared<std::vector<std::string>>();
+  return OneShot::Run(env, Value(), "nixl.pluginParams",
+      [this, plugin, pairs, mems]() -> std::optional<Failure> {
+        const SymbolTable& api = *Nixl();
+        std::lock_guard<std::mutex> lock(nixl_mu_);
+        if (agent_ == nullptr) return MakeFailure("NAT_ERR_AGENT_CLOSED", "the NIXL agent is closed");
+        MemList ml = nullptr;
+        Params p = nullptr;
+        Status st = api.get_plugin_params(agent_, plugin.c_str(), &ml, &p);
+        if (st != kSuccess) {
+          Failure f = StatusFailure("get_plugin_params", st);
+          f.code = "NAT_ERR_PLUGIN_MISSING";
+          f.message = "NIXL plugin " + plugin + " is not available (" + f.message + ")";
+          return f;
+        }
+        *pairs = ReadParams(api, p);
+        *mems = ReadMemList(api, ml);
+        api.destroy_params(p);
+        api.destroy_mem_list(ml);
+        return std::nullopt;
+      },
+      [pairs, mems](Napi::Env e) -> Napi::Value {
+        Napi::Object o = Napi::Object::New(e);
+        o.Set("mems", StringArray(e, *mems));
+        o.Set("params", ParamsObject(e, *pairs));
+        return o;
+      });
+}
+
+// createBackend(plugin, params: Record<string, string>) -> Promise<{mems, params}>
+Napi::Value NativeAgent::CreateBackend(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  if (auto bad = Unusable()) return Rejected(env, *bad);
+  std::string plugin = StringArg(info, 0, "plugin name");
+  ParamPairs input;
+  if (info.Length() > 1 && info[1].IsObject()) {
+    Napi::Object o = info[1].As<Napi::Object>();
+    Napi::Array keys = o.GetPropertyNames();
+    for (uint32_t i = 0; i < keys.Length(); ++i) {
+      Napi::Value k = keys.Get(i);
+      Napi::Value v = o.Get(k);
+      if (!v.IsString()) throw ArgError(env, "backend parameter values must be strings");
+      input.emplace_back(k.ToString().Utf8Value(), v.As<Napi::String>().Utf8Value());
+    }
+  }
+  auto effective = std::make_shared<ParamPairs>();
+  auto mems = std::make_shared<std::vector<std::string>>();
+  return OneShot::Run(env, Value(), "nixl.createBackend",
+      [this, plugin, input, effective, mems]() -> std::optional<Failure> {
+        const SymbolTable& api = *Nixl();
+        std::lock_guard<std::mutex> lock(nixl_mu_);
+        if (agent_ == nullptr) return MakeFailure("NAT_ERR_AGENT_CLOSED", "the NIXL agent is closed");
+        Params p = nullptr;
+        Status st = api.create_params(&p);
+        if (st != kSuccess) return StatusFailure("create_params", st);
+        for (const auto& [k, v] : input) api.params_add(p, k.c_str(), v.c_str());
+        Backend b = nullptr;
+        st = api.create_backend(agent_, plugin.c_str(), p, &b);
+        api.destroy_params(p);
+        if (st != kSuccess) {
+          Failure f = StatusFailure("create_backend", st);
+          f.code = "NAT_ERR_BACKEND_CREATE";
+          f.message = "creating the " + plugin + " backend failed (" + f.message + ")";
+          return f;
+        }
+        backends_.push_back(b);
+        MemList ml = nullptr;
+        Params bp = nullptr;
+        if (api.get_backend_params(agent_, b, &ml, &bp) == kSuccess) {
+          *effective = ReadParams(api, bp);
+          *mems = ReadMemList(api, ml);
+          api.destroy_params(bp);
+          api.destroy_mem_list(ml);
+        }
+        return std::nullopt;
+      },
+      [effective, mems](Napi::Env e) -> Napi::Value {
+        Napi::Object o = Napi::Object::New(e);
+        o.Set("mems", StringArray(e, *mems));
+        o.Set("params", ParamsObject(e, *effective));
+        return o;
+      });
+}
+
+Napi::Value NativeAgent::RegisterMem(const Napi::CallbackInfo& info) { return MemoryCall(info, true); }
+Napi::Value NativeAgent::DeregisterMem(const Napi::CallbackInfo& info) { return MemoryCall(info, false); }
+
+// (de)registerMem(kind, triples: BigUint64Array) -> Promise<void>. The TS gate keeps the
+// JS memory referenced while it is registered.
+Napi::Value NativeAgent::MemoryCall(const Napi::CallbackInfo& info, bool do_register) {
+  Napi::Env env = info.Env();
+  if (auto bad = Unusable()) return Rejected(env, *bad);
+  MemType kind = KindArg(info, 0);
+  std::vector<uint64_t> triples = TriplesArg(info, 1, "descriptors");
+  return OneShot::Run(env, Value(), do_register ? "nixl.registerMem" : "nixl.deregisterMem",
+      [this, kind, triples, do_register]() -> std::optional<Failure> {
+        const SymbolTable& api = *Nixl();
+        std::lock_guard<std::mutex> lock(nixl_mu_);
+        if (agent_ == nullptr) return MakeFailure("NAT_ERR_AGENT_CLOSED", "the NIXL agent is closed");
+        RegDlist list = nullptr;
+        Status st = api.create_reg_dlist(kind, &list);
+        if (st != kSuccess) return StatusFailure("create_reg_dlist", st);
+        for (size_t i = 0; i + 2 < triples.size(); i += 3) {
+          st = api.reg_dlist_add_desc(list, static_cast<uintptr_t>(triples[i]), triples[i + 1], triples[i + 2], nullptr, 0);
+          if (st != kSuccess) {
+            api.destroy_reg_dlist(list);
+            return StatusFailure("reg_dlist_add_desc", st);
+          }
+        }
+        st = do_register ? api.register_mem(agent_, list, nullptr) : api.deregister_mem(agent_, list, nullptr);
+        api.destroy_reg_dlist(list);
+        if (st != kSuccess) {
+          Failure f = StatusFailure(do_register ? "register_mem" : "deregister_mem", st);
+          f.code = do_register ? "NAT_ERR_REGISTER" : "NAT_ERR_DEREGISTER";
+          return f;
+        }
+        return std::nullopt;
+      },
+      nullptr);
+}
+
+Napi::Value NativeAgent::LocalMetadata(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  if (auto bad = Unusable()) return Rejected(env, *bad);
+  auto blob = std::make_shared<std::string>();
+  return OneShot::Run(env, Value(), "nixl.localMetadata",
+      [this, blob]() -> std::optional<Failure> {
+        const SymbolTable& api = *Nixl();
+        std::lock_guard<std::mutex> lock(nixl_mu_);
+        if (agent_ == nullptr) return MakeFailure("NAT_ERR_AGENT_CLOSED", "the NIXL agent is closed");
+        void* data = nullptr;
+        size_t len = 0;
+        Status st = api.get_local_md(agent_, &data, &len);
+        if (st != kSuccess) return StatusFailure("get_local_md", st);
+        blob->assign(static_cast<const char*>(data), len);
+        std::free(data);  // malloc'd by NIXL's C layer; the caller frees it
+        return std::nullopt;
+      },
+      [blob](Napi::Env e) -> Napi::Value { return Napi::Buffer<char>::Copy(e, blob->data(), blob->size()); });
+}
+
+Napi::Value NativeAgent::LoadRemoteMetadata(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  if (auto bad = Unusable()) return Rejected(env, *bad);
+  if (info.Length() < 1 || !info[0].IsBuffer()) throw ArgError(env, "metadata must be a Buffer");
+  auto b = info[0].As<Napi::Buffer<char>>();
+  if (b.Length() == 0) throw ArgError(env, "metadata must not be empty");
+  std::string blob(b.Data(), b.Length());
+  auto peer = std::make_shared<std::string>();
+  return OneShot::Run(env, Value(), "nixl.loadRemoteMetadata",
+      [this, blob, peer]() -> std::optional<Failure> {
+        const SymbolTable& api = *Nixl();
+        std::lock_guard<std::mutex> lock(nixl_mu_);
+        if (agent_ == nullptr) return MakeFailure("NAT_ERR_AGENT_CLOSED", "the NIXL agent is closed");
+        char* name = nullptr;
+        Status st = api.load_remote_md(agent_, blob.data(), blob.size(), &name);
+        if (st != kSuccess) {
+          Failure f = StatusFailure("load_remote_md", st);
+          f.code = "NAT_ERR_METADATA_REJECTED";
+          return f;
+        }
+        peer->assign(name);
+        std::free(name);  // strdup'd by NIXL's C layer
+        peers_.insert(*peer);
+        return std::nullopt;
+      },
+      [peer](Napi::Env e) -> Napi::Value { return Napi::String::New(e, *peer); });
+}
+
+Napi::Value NativeAgent::InvalidatePeer(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  if (auto bad = Unusable()) return Rejected(env, *bad);
+  std::string peer = StringArg(info, 0, "peer name");
+  return OneShot::Run(env, Value(), "nixl.invalidatePeer",
+      [this, peer]() -> std::optional<Failure> {
+        const SymbolTable& api = *Nixl();
+        std::lock_guard<std::mutex> lock(nixl_mu_);
+        if (agent_ == nullptr) return MakeFailure("NAT_ERR_AGENT_CLOSED", "the NIXL agent is closed");
+        bool known = peers_.erase(peer) > 0;
+        Status st = api.invalidate_remote_md(agent_, peer.c_str());
+        if (st != kSuccess) {
+          Failure f = StatusFailure("invalidate_remote_md", st, peer);
+          // NIXL forgets a peer by itself after a disconnect; report that as "unknown peer".
+          if (!known) f.code = "NAT_ERR_PEER_UNKNOWN";
+          return f;
+        }
+        return std::nullopt;
+      },
+      nullptr);
+}
+
+Napi::Value NativeAgent::CheckPeer(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  if (auto bad = Unusable()) return Rejected(env, *bad);
+  std::string peer = StringArg(info, 0, "peer name");
+  auto present = std::make_shared<bool>(false);
+  return OneShot::Run(env, Value(), "nixl.checkPeer",
+      [this, peer, present]() -> std::optional<Failure> {
+        const SymbolTable& api = *Nixl();
+        std::lock_guard<std::mutex> lock(nixl_mu_);
+        if (agent_ == nullptr) return MakeFailure("NAT_ERR_AGENT_CLOSED", "the NIXL agent is closed");
+        *present = api.check_remote_md(agent_, peer.c_str(), nullptr) == kSuccess;
+        return std::nullopt;
+      },
+      [present](Napi::Env e) -> Napi::Value { return Napi::Boolean::New(e, *present); });
+}
+
+Napi::Value NativeAgent::GenNotif(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  if (auto bad = Unusable()) return Rejected(env, *bad);
+  std::string peer = StringArg(info, 0, "peer name");
+  std::optional<std::string> msg = OptionalBytes(info, 1);
+  if (!msg) throw ArgError(env, "notification must be a Buffer");
+  std::string body = *msg;
+  return OneShot::Run(env, Value(), "nixl.genNotif",
+      [this, peer, body]() -> std::optional<Failure> {
+        const SymbolTable& api = *Nixl();
+        std::lock_guard<std::mutex> lock(nixl_mu_);
+        if (agent_ == nullptr) return MakeFailure("NAT_ERR_AGENT_CLOSED", "the NIXL agent is closed");
+        Status st = api.gen_notif(agent_, peer.c_str(), body.data(), body.size(), nullptr);
+        if (st != kSuccess) {
+          Failure f = StatusFailure("gen_notif", st, peer);
+          if (peers_.count(peer) == 0) f.code = "NAT_ERR_PEER_UNKNOWN";
+          return f;
+        }
+        return std::nullopt;
+      },
+      nullptr);
+}
+
+// read(id, peer, localKind, local, remoteKind, remote, notif|null, timeoutMs) -> Promise
+Napi::Value NativeAgent::Read(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  if (auto bad = Unusable()) return Rejected(env, *bad);
+  auto r = std::make_unique<PendingRead>();
+  if (info.Length() < 8 || !info[0].IsNumber() || !info[7].IsNumber()) throw ArgError(env, "read: bad arguments");
+  r->id = info[0].As<Napi::Number>().Uint32Value();
+  r->peer = StringArg(info, 1, "peer name");
+  r->local_kind = KindArg(info, 2);
+  r->local = TriplesArg(info, 3, "local descriptors");
+  r->remote_kind = KindArg(info, 4);
+  r->remote = TriplesArg(info, 5, "remote descriptors");
+  r->notif = OptionalBytes(info, 6);
+  if (r->local.size() != r->remote.size()) throw ArgError(env, "local and remote descriptor counts differ");
+  for (size_t i = 0; i < r->local.size(); i += 3) {
+    if (r->local[i + 1] != r->remote[i + 1]) throw ArgError(env, "descriptor lengths differ at index " + std::to_string(i / 3));
+    r->bytes += r->local[i + 1];
+  }
+  double timeout_ms = info[7].As<Napi::Number>().DoubleValue();
+  if (!(timeout_ms > 0)) throw ArgError(env, "timeoutMs must be positive");
+  r->deadline = Clock::now() + std::chrono::microseconds(static_cast<int64_t>(timeout_ms * 1000));
+  r->deferred = std::make_unique<Napi::Promise::Deferred>(env);
+  Napi::Promise promise = r->deferred->Promise();
+
+  // While a read is pending the process must stay alive and this object must not be
+  // collected: the poll thread and the event bridge both point at it.
+  if (pending_reads_++ == 0) {
+    tsfn_.Ref(env);
+    Ref();
+  }
+  {
+    std::lock_guard<std::mutex> lock(q_mu_);
+    queue_.push_back(std::move(r));
+  }
+  q_cv_.notify_one();
+  return promise;
+}
+
+void NativeAgent::ReadSettled(Napi::Env env) {
+  if (pending_reads_ > 0 && --pending_reads_ == 0) {
+    if (!tsfn_released_) tsfn_.Unref(env);
+    Unref();
+  }
+}
+
+Napi::Value NativeAgent::Cancel(const Napi::CallbackInfo& info) {
+  if (info.Length() < 1 || !info[0].IsNumber()) throw ArgError(info.Env(), "read id must be a number");
+  {
+    std::lock_guard<std::mutex> lock(q_mu_);
+    cancels_.push_back(info[0].As<Napi::Number>().Uint32Value());
+  }
+  q_cv_.notify_one();
+  return info.Env().Undefined();
+}
+
+Napi::Value NativeAgent::Close(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  closed_ = true;
+  return OneShot::Run(env, Value(), "nixl.close",
+      [this]() -> std::optional<Failure> {
+        Shutdown();
+        return std::nullopt;
+      },
+      [this](Napi::Env) -> Napi::Value {
+        // Queued events (the rejections of reads cut short) still run after Release.
+        if (!tsfn_released_) {
+          tsfn_.Release();
+          tsfn_released_ = true;
+        }
+        return Env().Undefined();
+      });
+}
+
+void NativeAgent::Shutdown() {
+  {
+    // Taking the lock orders this after any create() that already started the poll thread;
+    // closed_ stops any later one from starting it.
+    std::lock_guard<std::mutex> lock(nixl_mu_);
+  }
+  {
+    std::lock_guard<std::mutex> lock(q_mu_);
+    stopping_ = true;
+  }
+  q_cv_.notify_one();
+  if (poller_.joinable()) poller_.join();
+
+  const SymbolTable* api = Nixl();
+  std::lock_guard<std::mutex> lock(nixl_mu_);
+  if (api == nullptr || agent_ == nullptr) return;
+  for (XferReq z : zombies_) {
+    if (api->release_xfer_req(agent_, z) == kSuccess) api->destroy_xfer_req(z);
+  }
+  zombies_.clear();
+  // destroy_backend frees only the C handle; the agent owns and tears down the engines.
+  for (Backend b : backends_) api->destroy_backend(b);
+  backends_.clear();
+  if (notif_map_ != nullptr) api->destroy_notif_map(notif_map_);
+  notif_map_ = nullptr;
+  api->destroy_agent(agent_);
+  agent_ = nullptr;
+  peers_.clear();
+}
+
+void NativeAgent::PollLoop() {
+  std::vector<std::unique_ptr<PendingRead>> active;
+  std::vector<Event*> out;
+  for (;;) {
+    std::deque<std::unique_ptr<PendingRead>> incoming;
+    std::vector<uint32_t> cancels;
+    bool stop = false;
+    {
+      std::unique_lock<std::mutex> lock(q_mu_);
+      q_cv_.wait_for(lock, active.empty() ? idle_poll_ : busy_poll_,
+                     [this] { return stopping_ || !queue_.empty() || !cancels_.empty(); });
+      incoming.swap(queue_);
+      cancels.swap(cancels_);
+      stop = stopping_;
+    }
+    {
+      std::lock_guard<std::mutex> lock(nixl_mu_);
+      for (auto& r : incoming) {
+        StartRead(*r, out);
+        if (r->deferred) active.push_back(std::move(r));
+      }
+      const Clock::time_point now = Clock::now();
+      for (size_t i = 0; i < active.size();) {
+        PendingRead& r = *active[i];
+        bool settled = false;
+        if (stop) {
+          FinishRead(r, MakeFailure("NAT_ERR_AGENT_CLOSED", "the NIXL agent was closed during the read"), out);
+          settled = true;
+        } else if (std::find(cancels.begin(), cancels.end(), r.id) != cancels.end()) {
+          FinishRead(r, MakeFailure("NAT_ERR_XFER_CANCELED", "the read was canceled"), out);
+          settled = true;
+        } else if (now >= r.deadline) {
+          Failure f = MakeFailure("NAT_ERR_XFER_TIMEOUT", "the read did not complete before its deadline");
+          f.peer = r.peer;
+          FinishRead(r, f, out);
+          settled = true;
+        } else {
+          settled = PollRead(r, out);
+        }
+        if (settled) {
+          active[i] = std::move(active.back());
+          active.pop_back();
+        } else {
+          ++i;
+        }
+      }
+      if (!stop) DrainNotifications(out);
+    }
+    Emit(out);
+    if (stop) break;
+  }
+}
+
+void NativeAgent::Emit(std::vector<Event*>& out) {
+  for (Event* e : out) {
+    // Fails only while the function is closing; the event then has no one to go to.
+    if (tsfn_.NonBlockingCall(e) != napi_ok) delete e;
+  }
+  out.clear();
+}
+
+void NativeAgent::StartRead(PendingRead& r, std::vector<Event*>& out) {
+  const SymbolTable& api = *Nixl();
+  if (agent_ == nullptr) {
+    FinishRead(r, MakeFailure("NAT_ERR_AGENT_CLOSED", "the NIXL agent is closed"), out);
+    return;
+  }
+  Status st = api.create_xfer_dlist(r.local_kind, &r.local_list);
+  if (st == kSuccess) st = api.create_xfer_dlist(r.remote_kind, &r.remote_list);
+  if (st != kSuccess) {
+    FinishRead(r, StatusFailure("create_xfer_dlist", st), out);
+    return;
+  }
+  for (size_t i = 0; i + 2 < r.local.size() && st == kSuccess; i += 3) {
+    st = api.xfer_dlist_add_desc(r.local_list, static_cast<uintptr_t>(r.local[i]), r.local[i + 1], r.local[i + 2]);
+    if (st == kSuccess) {
+      st = api.xfer_dlist_add_desc(r.remote_list, static_cast<uintptr_t>(r.remote[i]), r.remote[i + 1], r.remote[i + 2]);
+    }
+  }
+  if (st != kSuccess) {
+    FinishRead(r, StatusFailure("xfer_dlist_add_desc", st), out);
+    return;
+  }
+  if (r.notif) {
+    st = api.create_opt_args(&r.opt);
+    // has_notif first: set_notif_msg only copies the message into `notif` once it is set.
+    if (st == kSuccess) st = api.opt_args_set_has_notif(r.opt, true);
+    if (st == kSuccess) st = api.opt_args_set_notif_msg(r.opt, r.notif->data(), r.notif->size());
+    if (st != kSuccess) {
+      FinishRead(r, StatusFailure("opt_args_set_notif_msg", st), out);
+      return;
+    }
+  }
+  st = api.create_xfer_req(agent_, kXferRead, r.local_list, r.remote_list, r.peer.c_str(), &r.req, r.opt);
+  if (st != kSuccess) {
+    r.req = nullptr;
+    FinishRead(r, ClassifyXferError("create_xfer_req", st, r.peer), out);
+    return;
+  }
+  r.posted_at = Clock::now();
+  st = api.post_xfer_req(agent_, r.req, nullptr);
+  if (st == kSuccess) {
+    FinishRead(r, std::nullopt, out);
+  } else if (st != kInProg) {
+    FinishRead(r, ClassifyXferError("post_xfer_req", st, r.peer), out);
+  }
+}
+
+bool NativeAgent::PollRead(PendingRead& r, std::vector<Event*>& out) {
+  Status st = Nixl()->get_xfer_status(agent_, r.req);
+  if (st == kInProg) return false;
+  if (st == kSuccess) {
+    FinishRead(r, std::nullopt, out);
+  } else {
+    FinishRead(r, ClassifyXferError("get_xfer_status", st, r.peer), out);
+  }
+  return true;
+}
+
+// The C API folds REMOTE_DISCONNECT into ERROR_BACKEND. NIXL forgets a peer that
+// disconnected, so a failing check_remote_md on a peer this agent loaded means "peer gone";
+// a peer never loaded (or invalidated here) is "unknown"; anything else is a plain failure.
+Failure NativeAgent::ClassifyXferError(const char* op, Status status, const std::string& peer) {
+  Failure f = StatusFailure(op, status, peer);
+  if (status != kErrBackend && status != kErrNotFound) return f;
+  const bool loaded = peers_.count(peer) > 0;
+  const Status check = Nixl()->check_remote_md(agent_, peer.c_str(), nullptr);
+  if (check == kSuccess) return f;
+  if (loaded) {
+    peers_.erase(peer);
+    f.code = "NAT_ERR_REMOTE_DISCONNECT";
+    f.message = "peer " + peer + " disconnected (" + f.message + ", check_remote_md returned " +
+                std::to_string(static_cast<int>(check)) + ")";
+  } else {
+    f.code = "NAT_ERR_PEER_UNKNOWN";
+    f.message = "no metadata loaded for peer " + peer + " (" + f.message + ")";
+  }
+  return f;
+}
+
+void NativeAgent::FinishRead(PendingRead& r, std::optional<Failure> failure, std::vector<Event*>& out) {
+  const double micros =
+      std::chrono::duration<double, std::micro>(Clock::now() - r.posted_at).count();
+  ReleaseHandles(r);
+  auto* e = new Event();
+  e->kind = Event::kReadSettled;
+  e->deferred = std::move(r.deferred);
+  e->failure = std::move(failure);
+  e->bytes = static_cast<double>(r.bytes);
+  e->micros = micros;
+  out.push_back(e);
+}
+
+void NativeAgent::ReleaseHandles(PendingRead& r) {
+  const SymbolTable& api = *Nixl();
+  if (r.req != nullptr) {
+    // Releasing an active request aborts it (timeouts, cancels, close). If NIXL refuses,
+    // the handle is kept and retried at close rather than destroyed under NIXL's feet.
+    if (agent_ != nullptr && api.release_xfer_req(agent_, r.req) == kSuccess) {
+      api.destroy_xfer_req(r.req);
+    } else {
+      zombies_.push_back(r.req);
+    }
+    r.req = nullptr;
+  }
+  if (r.local_list != nullptr) api.destroy_xfer_dlist(r.local_list);
+  if (r.remote_list != nullptr) api.destroy_xfer_dlist(r.remote_list);
+  if (r.opt != nullptr) api.destroy_opt_args(r.opt);
+  r.local_list = r.remote_list = nullptr;
+  r.opt = nullptr;
+}
+
+void NativeAgent::DrainNotifications(std::vector<Event*>& out) {
+  const SymbolTable& api = *Nixl();
+  // Without a backend NIXL logs an error on every get_notifs call; nothing can arrive yet.
+  if (agent_ == nullptr || notif_map_ == nullptr || backends_.empty()) return;
+  if (api.get_notifs(agent_, notif_map_, nullptr) != kSuccess) return;
+  size_t agents = 0;
+  if (api.notif_map_size(notif_map_, &agents) != kSuccess || agents == 0) return;
+  for (size_t i = 0; i < agents; ++i) {
+    const char* name = nullptr;
+    if (api.notif_map_get_agent_at(notif_map_, i, &name) != kSuccess || name == nullptr) continue;
+    size_t count = 0;
+    if (api.notif_map_get_notifs_size(notif_map_, name, &count) != kSuccess) continue;
+    for (size_t j = 0; j < count; ++j) {
+      const void* data = nullptr;
+      size_t len = 0;
+      if (api.notif_map_get_notif(notif_map_, name, j, &data, &len) != kSuccess) continue;
+      auto* e = new Event();
+      e->kind = Event::kNotification;
+      e->peer = name;
+      e->message.assign(static_cast<const char*>(data), len);
+      out.push_back(e);
+    }
+  }
+  api.notif_map_clear(notif_map_);
+}
+
+}  // namespace hnx

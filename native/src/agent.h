@@ -1,0 +1,143 @@
+// NativeAgent: one NIXL agent, exposed to JS as an ObjectWrap with promise-returning methods.
+//
+// Threading (see docs/native.md "Threads"):
+// - The NIXL agent is created with sync mode NONE by default, so it takes no locks of its
+//   own. Every call into it goes through `nixl_mu_`, from either a libuv worker (one-shot
+//   calls) or the agent's poll thread; calls are therefore serialized.
+// - The poll thread owns every transfer from create to release: it posts, polls
+//   get_xfer_status, enforces the addon's own deadline (NIXL has none) and drains
+//   notifications. Results reach JS through one ThreadSafeFunction.
+// - The JS thread never calls NIXL.
+#pragma once
+
+#include <napi.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common.h"
+#include "nixl_api.h"
+
+namespace hnx {
+
+class NativeAgent;
+
+// Something the poll thread hands to the JS thread.
+struct Event {
+  enum Kind { kReadSettled, kNotification } kind = kReadSettled;
+  // kReadSettled
+  std::unique_ptr<Napi::Promise::Deferred> deferred;
+  std::optional<Failure> failure;
+  double bytes = 0;
+  double micros = 0;  // post to observed completion, measured on the poll thread
+  // kNotification
+  std::string peer;
+  std::string message;
+};
+
+// Lives as long as the ThreadSafeFunction; `owner` is cleared when the NativeAgent dies so
+// late events never touch a freed object. JS thread only.
+struct Bridge {
+  NativeAgent* owner = nullptr;
+};
+
+void DispatchEvent(Napi::Env env, Napi::Function on_notification, Bridge* bridge, Event* event);
+using EventTsfn = Napi::TypedThreadSafeFunction<Bridge, Event, DispatchEvent>;
+
+// A READ from submission to settlement. Descriptor arrays are (addr, len, devId) triples.
+struct PendingRead {
+  uint32_t id = 0;
+  std::string peer;
+  MemType local_kind = kMemDram;
+  MemType remote_kind = kMemDram;
+  std::vector<uint64_t> local;
+  std::vector<uint64_t> remote;
+  std::optional<std::string> notif;
+  std::chrono::steady_clock::time_point deadline;
+  std::chrono::steady_clock::time_point posted_at;
+  uint64_t bytes = 0;
+  std::unique_ptr<Napi::Promise::Deferred> deferred;
+  // NIXL handles, created and released on the poll thread under nixl_mu_.
+  XferDlist local_list = nullptr;
+  XferDlist remote_list = nullptr;
+  OptArgs opt = nullptr;
+  XferReq req = nullptr;
+};
+
+class NativeAgent : public Napi::ObjectWrap<NativeAgent> {
+ public:
+  static Napi::Function Init(Napi::Env env);
+  explicit NativeAgent(const Napi::CallbackInfo& info);
+  ~NativeAgent() override;
+
+  // Called by DispatchEvent on the JS thread after a read promise settled.
+  void ReadSettled(Napi::Env env);
+
+ private:
+  Napi::Value Create(const Napi::CallbackInfo& info);
+  Napi::Value ListPlugins(const Napi::CallbackInfo& info);
+  Napi::Value PluginParams(const Napi::CallbackInfo& info);
+  Napi::Value CreateBackend(const Napi::CallbackInfo& info);
+  Napi::Value RegisterMem(const Napi::CallbackInfo& info);
+  Napi::Value DeregisterMem(const Napi::CallbackInfo& info);
+  Napi::Value LocalMetadata(const Napi::CallbackInfo& info);
+  Napi::Value LoadRemoteMetadata(const Napi::CallbackInfo& info);
+  Napi::Value InvalidatePeer(const Napi::CallbackInfo& info);
+  Napi::Value CheckPeer(const Napi::CallbackInfo& info);
+  Napi::Value GenNotif(const Napi::CallbackInfo& info);
+  Napi::Value Read(const Napi::CallbackInfo& info);
+  Napi::Value Cancel(const Napi::CallbackInfo& info);
+  Napi::Value Close(const Napi::CallbackInfo& info);
+
+  Napi::Value MemoryCall(const Napi::CallbackInfo& info, bool do_register);
+  // Rejected promise for calls made after close() or before the library is loaded.
+  std::optional<Failure> Unusable() const;
+
+  void PollLoop();
+  void StartRead(PendingRead& r, std::vector<Event*>& out);
+  // Returns true when the read settled (successfully or not).
+  bool PollRead(PendingRead& r, std::vector<Event*>& out);
+  void FinishRead(PendingRead& r, std::optional<Failure> failure, std::vector<Event*>& out);
+  Failure ClassifyXferError(const char* op, Status status, const std::string& peer);
+  void ReleaseHandles(PendingRead& r);
+  void DrainNotifications(std::vector<Event*>& out);
+  void Emit(std::vector<Event*>& out);
+  // Stops the poll thread and destroys the NIXL agent. Safe to call twice; any thread.
+  void Shutdown();
+
+  EventTsfn tsfn_;
+  bool tsfn_released_ = false;  // JS thread only
+  uint32_t pending_reads_ = 0;  // JS thread only: promises not yet settled
+
+  std::atomic<bool> closed_{false};
+
+  // Everything below that holds NIXL state is guarded by nixl_mu_.
+  std::mutex nixl_mu_;
+  Agent agent_ = nullptr;
+  std::vector<Backend> backends_;
+  NotifMap notif_map_ = nullptr;
+  std::set<std::string> peers_;      // peers whose metadata this agent loaded
+  std::vector<XferReq> zombies_;     // requests NIXL refused to release; retried later
+  std::string name_;
+
+  std::thread poller_;  // assigned under nixl_mu_ before closed_ can be observed
+  std::mutex q_mu_;
+  std::condition_variable q_cv_;
+  std::deque<std::unique_ptr<PendingRead>> queue_;
+  std::vector<uint32_t> cancels_;
+  bool stopping_ = false;
+  std::chrono::microseconds busy_poll_{50};
+  std::chrono::microseconds idle_poll_{1000};
+};
+
+}  // namespace hnx

@@ -19,7 +19,7 @@ export const InstanceConfig = Type.Object(
   },
   { $id: 'InstanceConfig', additionalProperties: false },
 )
-export type InstanceConfig = Static<typeof InstanceConfig> & { role: InstanceRole }
+export type InstanceConfig = Omit<Static<typeof InstanceConfig>, 'role'> & { role: InstanceRole }
 
 export const RouterConfig = Type.Object(
   {
@@ -81,8 +81,10 @@ export const RouterConfig = Type.Object(
     // Data-plane API keys for /v1 routes; empty means open.
     apiKeys: Type.Array(Type.String({ minLength: 8 }), { default: [] }),
     adminToken: Type.Optional(Type.String({ minLength: 8 })),
+    // Sent as `Authorization: Bearer …` to engines started with `--api-key`.
+    upstreamApiKey: Type.Optional(Type.String({ minLength: 1 })),
     shutdownGraceMs: Type.Integer({ minimum: 0, default: 30000 }),
   },
   { $id: 'RouterConfig', additionalProperties: false },
 )
-export type RouterConfig = Static<typeof RouterConfig> & { instances: InstanceConfig[] }
+export type RouterConfig = Omit<Static<typeof RouterConfig>, 'instances'> & { instances: InstanceConfig[] }

@@ -1,0 +1,15 @@
+/** `handoff bench <name>`: benchmarks as commands; results go to docs/benchmarks.md. */
+const benches: Record<string, () => Promise<(argv: string[]) => Promise<void>>> = {
+  overhead: async () => (await import('./overhead.js')).runOverheadBench,
+}
+
+export async function main(argv: string[]): Promise<void> {
+  const [name, ...rest] = argv
+  const load = name ? benches[name] : undefined
+  if (!load) {
+    process.stdout.write(`usage: handoff bench <${Object.keys(benches).join('|')}> [options]\n`)
+    if (name && name !== '--help' && name !== '-h') process.exitCode = 2
+    return
+  }
+  await (await load())(rest)
+}

@@ -1,0 +1,180 @@
+import { cpus, totalmem } from 'node:os'
+import { parseArgs } from 'node:util'
+import { Agent, request } from 'undici'
+import { spawnService, type SpawnedService } from '../common/spawn.js'
+import { decodeBody, prefillBody } from '../router/src/proxy/legs.js'
+import { closedLoop, mean, percentile, type LoadResult } from './load.js'
+import { cpuSeconds, rssMiB } from './proc-stats.js'
+
+const HELP = `usage: handoff bench overhead [--quick] [--sizes 200,2048,16384,204800]
+                               [--concurrency 1,64] [--seconds S] [--requests N] [--rounds R] [--json]
+
+Router overhead: the same simulators (--kv none, zero delays) driven by a direct two-leg
+client and through the router, alternating in one run. Prints a markdown table.
+`
+
+const WORDS = ['alpha', 'bravo', 'charlie', 'delta', 'echo', 'foxtrot', 'golf', 'hotel', 'india', 'juliet']
+
+/** A prompt of about `bytes` bytes of words. */
+export function promptOfSize(bytes: number): string {
+  const parts: string[] = []
+  let len = 0
+  for (let i = 0; len < bytes; i++) {
+    const w = WORDS[(i * 7) % WORDS.length] as string
+    parts.push(w)
+    len += w.length + 1
+  }
+  return parts.join(' ').slice(0, bytes)
+}
+
+interface Cell {
+  size: number
+  concurrency: number
+  direct: LoadResult
+  router: LoadResult
+  routerCpuPer1k: number
+  routerRssMiB: number
+}
+
+function list(value: string | undefined, fallback: number[]): number[] {
+  if (!value) return fallback
+  const out = value.split(',').map((v) => Number(v.trim()))
+  if (out.some((n) => !Number.isFinite(n) || n <= 0)) throw new Error(`bad list '${value}'`)
+  return out
+}
+
+function merge(a: LoadResult, b: LoadResult): LoadResult {
+  return { latenciesMs: [...a.latenciesMs, ...b.latenciesMs], errors: a.errors + b.errors, wallSeconds: a.wallSeconds + b.wallSeconds }
+}
+
+export async function runOverheadBench(argv: string[]): Promise<void> {
+  const { values } = parseArgs({
+    args: argv,
+    options: {
+      quick: { type: 'boolean' },
+      sizes: { type: 'string' },
+      concurrency: { type: 'string' },
+      seconds: { type: 'string' },
+      requests: { type: 'string' },
+      rounds: { type: 'string' },
+      json: { type: 'boolean' },
+      help: { type: 'boolean', short: 'h' },
+    },
+  })
+  if (values.help) {
+    process.stdout.write(HELP)
+    return
+  }
+  const quick = values.quick === true
+  const sizes = list(values.sizes, quick ? [200, 2048] : [200, 2048, 16384, 204800])
+  const concurrencies = list(values.concurrency, quick ? [1, 8] : [1, 64])
+  const seconds = Number(values.seconds ?? (quick ? 1 : 4))
+  const maxRequests = Number(values.requests ?? (quick ? 200 : 4000))
+  const rounds = Number(values.rounds ?? (quick ? 1 : 2))
+
+  const services: SpawnedService[] = []
+  const agent = new Agent({ connections: 256, keepAliveTimeout: 30_000 })
+  try {
+    const [p, d] = await Promise.all([
+      spawnService({ args: ['sim', '--role', 'prefill', '--kv', 'none', '--log-level', 'warn'] }),
+      spawnService({ args: ['sim', '--role', 'decode', '--kv', 'none', '--log-level', 'warn'] }),
+    ])
+    services.push(p, d)
+    const router = await spawnService({
+      args: ['router', '--port', '0', '--log-level', 'warn'],
+      env: {
+        ...process.env,
+        HANDOFF_INSTANCES: JSON.stringify([
+          { id: 'p0', role: 'prefill', url: p.url },
+          { id: 'd0', role: 'decode', url: d.url },
+        ]),
+      },
+    })
+    services.push(router)
+    const routerPid = router.child.pid as number
+
+    const post = async (url: string, body: unknown): Promise<Record<string, unknown>> => {
+      const res = await request(url, { method: 'POST', dispatcher: agent, body: JSON.stringify(body), headers: { 'content-type': 'application/json' } })
+      const json = (await res.body.json()) as Record<string, unknown>
+      if (res.statusCode !== 200) throw new Error(`HTTP ${res.statusCode}`)
+      return json
+    }
+    const cells: Cell[] = []
+    for (const size of sizes) {
+      const body = { model: 'handoff/sim-1', prompt: promptOfSize(size), max_tokens: 8 }
+      // The direct client does what the router does, minus the router: two legs, params verbatim.
+      const direct = async (): Promise<void> => {
+        const pr = await post(`${p.url}/v1/completions`, prefillBody(body))
+        await post(`${d.url}/v1/completions`, decodeBody(body, pr.kv_transfer_params as Record<string, unknown>))
+      }
+      const viaRouter = async (): Promise<void> => {
+        await post(`${router.url}/v1/completions`, body)
+      }
+      for (const concurrency of concurrencies) {
+        const loop = { concurrency, maxRequests, maxSeconds: seconds }
+        // Warm both paths (connections, JIT) before measuring.
+        await closedLoop({ ...loop, maxRequests: Math.min(50, maxRequests), send: direct })
+        await closedLoop({ ...loop, maxRequests: Math.min(50, maxRequests), send: viaRouter })
+        let d0: LoadResult = { latenciesMs: [], errors: 0, wallSeconds: 0 }
+        let r0: LoadResult = { latenciesMs: [], errors: 0, wallSeconds: 0 }
+        let cpu = 0
+        for (let r = 0; r < rounds; r++) {
+          d0 = merge(d0, await closedLoop({ ...loop, send: direct }))
+          const c0 = cpuSeconds(routerPid)
+          r0 = merge(r0, await closedLoop({ ...loop, send: viaRouter }))
+          cpu += cpuSeconds(routerPid) - c0
+        }
+        const cell: Cell = {
+          size,
+          concurrency,
+          direct: d0,
+          router: r0,
+          routerCpuPer1k: (cpu / Math.max(1, r0.latenciesMs.length)) * 1000,
+          routerRssMiB: rssMiB(routerPid),
+        }
+        cells.push(cell)
+        if (values.json) process.stdout.write(JSON.stringify(summarize(cell)) + '\n')
+        else process.stderr.write(`measured size=${size} c=${concurrency}\n`)
+      }
+    }
+    if (!values.json) process.stdout.write(table(cells, { seconds, maxRequests, rounds }))
+  } finally {
+    await Promise.all(services.map((s) => s.stop()))
+    await agent.close()
+  }
+}
+
+function summarize(c: Cell) {
+  const ds = [...c.direct.latenciesMs].sort((a, b) => a - b)
+  const rs = [...c.router.latenciesMs].sort((a, b) => a - b)
+  return {
+    prompt_bytes: c.size,
+    concurrency: c.concurrency,
+    direct_p50_ms: percentile(ds, 50),
+    direct_p99_ms: percentile(ds, 99),
+    direct_rps: ds.length / c.direct.wallSeconds,
+    router_p50_ms: percentile(rs, 50),
+    router_p99_ms: percentile(rs, 99),
+    router_rps: rs.length / c.router.wallSeconds,
+    added_mean_ms: mean(rs) - mean(ds),
+    router_cpu_s_per_1k: c.routerCpuPer1k,
+    router_rss_mib: c.routerRssMiB,
+    errors: c.direct.errors + c.router.errors,
+  }
+}
+
+function table(cells: Cell[], run: { seconds: number; maxRequests: number; rounds: number }): string {
+  const f = (n: number, d = 2): string => (Number.isFinite(n) ? n.toFixed(d) : 'n/a')
+  const rows = cells.map((c) => {
+    const s = summarize(c)
+    return `| ${s.prompt_bytes} | ${s.concurrency} | ${f(s.direct_p50_ms)} / ${f(s.direct_p99_ms)} | ${f(s.router_p50_ms)} / ${f(s.router_p99_ms)} | ${f(s.direct_rps, 0)} | ${f(s.router_rps, 0)} | ${f(s.added_mean_ms)} | ${f(s.router_cpu_s_per_1k)} | ${f(s.router_rss_mib, 0)} | ${s.errors} |`
+  })
+  return [
+    `Machine: ${cpus().length} × ${cpus()[0]?.model ?? 'cpu'}, ${(totalmem() / 2 ** 30).toFixed(0)} GiB, Node ${process.version}; ${run.rounds} alternating rounds of ≤${run.maxRequests} requests / ${run.seconds} s per path per cell; /v1/completions, max_tokens 8, not streamed.`,
+    '',
+    '| prompt bytes | concurrency | direct p50 / p99 ms | router p50 / p99 ms | direct req/s | router req/s | added mean ms | router CPU s / 1k req | router RSS MiB | errors |',
+    '| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |',
+    ...rows,
+    '',
+  ].join('\n')
+}

@@ -1,0 +1,193 @@
+import { randomUUID } from 'node:crypto'
+import Fastify, { type FastifyBaseLogger, type FastifyError, type FastifyInstance } from 'fastify'
+import { Registry } from 'prom-client'
+import { Agent, request, type Dispatcher } from 'undici'
+import { systemClock, type Clock } from '../../common/clock.js'
+import { loggerOptions } from '../../common/logger.js'
+import { systemRandom, type Random } from '../../common/random.js'
+import { sharedSchemas } from '../../schemas/index.js'
+import type { RouterConfig } from '../../schemas/router-config.js'
+import {
+  errorBody,
+  isRouterError,
+  RTR_ERR_BODY_TOO_LARGE,
+  RTR_ERR_INTERNAL,
+  RTR_ERR_INVALID_JSON,
+  RTR_ERR_INVALID_REQUEST,
+  RTR_ERR_ROUTE_NOT_FOUND,
+  RTR_ERR_SHUTTING_DOWN,
+  RTR_ERR_UNAUTHORIZED,
+  RTR_ERR_UNSUPPORTED_MEDIA_TYPE,
+  type CodedError,
+  type RouterErrorCode,
+} from './errors.js'
+import { untrackedLedger, type LeaseLedger } from './leases/ledger.js'
+import { createRouterMetrics } from './metrics.js'
+import { bearerChecker } from './plugins/auth.js'
+import { HandoffProxy } from './proxy/handoff.js'
+import { completionRoutes } from './routes/completions.js'
+import { healthRoutes } from './routes/health.js'
+import { metricsRoutes } from './routes/metrics.js'
+import { modelRoutes } from './routes/models.js'
+import { Prober, type HttpGet } from './topology/prober.js'
+import { TopologyRegistry } from './topology/registry.js'
+
+export interface RouterDeps {
+  config: RouterConfig
+  clock?: Clock
+  random?: Random
+  /** A pino logger to use instead of one built from the config (tests pass a sink). */
+  logger?: FastifyBaseLogger
+  ledger?: LeaseLedger
+  /** Skip the background prober (tests that drive health by hand). */
+  probe?: boolean
+}
+
+// A client's X-Request-Id is kept only if it is a sane token: it ends up in logs and upstream headers.
+const REQUEST_ID = /^[A-Za-z0-9._:-]{1,128}$/
+
+function upstreamAgent(config: RouterConfig): Agent {
+  return new Agent({
+    connections: config.limits.connectionsPerUpstream,
+    keepAliveTimeout: 30_000,
+    connect: { timeout: config.timeouts.connectMs },
+    headersTimeout: config.timeouts.decodeHeadersMs,
+    bodyTimeout: config.timeouts.idleMs,
+  })
+}
+
+function httpGet(dispatcher: Dispatcher): HttpGet {
+  return async (url, timeoutMs) => {
+    const res = await request(url, { dispatcher, headersTimeout: timeoutMs, bodyTimeout: timeoutMs, signal: AbortSignal.timeout(timeoutMs) })
+    return { status: res.statusCode, text: await res.body.text() }
+  }
+}
+
+/** Maps fastify's own errors (parsing, validation, limits) onto router codes. */
+function toRouterError(err: FastifyError, bodyLimit: number): CodedError & { code: RouterErrorCode } {
+  if (isRouterError(err)) return err
+  if (err.validation) return new RTR_ERR_INVALID_REQUEST(`${err.validationContext ?? 'body'}${err.message.replace(/^(body|querystring|params|headers)/, '')}`)
+  switch (err.code) {
+    case 'FST_ERR_CTP_INVALID_JSON_BODY':
+    case 'FST_ERR_CTP_EMPTY_JSON_BODY':
+      return new RTR_ERR_INVALID_JSON(err.message, { cause: err })
+    case 'FST_ERR_CTP_BODY_TOO_LARGE':
+      return new RTR_ERR_BODY_TOO_LARGE(bodyLimit, { cause: err })
+    case 'FST_ERR_CTP_INVALID_MEDIA_TYPE':
+      return new RTR_ERR_UNSUPPORTED_MEDIA_TYPE('of this request', { cause: err })
+  }
+  if (err instanceof SyntaxError) return new RTR_ERR_INVALID_JSON(err.message, { cause: err })
+  if (err.statusCode === 400) return new RTR_ERR_INVALID_REQUEST(err.message, { cause: err })
+  return new RTR_ERR_INTERNAL(err.message, { cause: err })
+}
+
+/**
+ * Builds the router: a fastify instance, not yet listening. Every shared resource is created
+ * here (or passed in) and closed in onClose, so tests can build isolated routers.
+ */
+export async function buildApp(deps: RouterDeps): Promise<FastifyInstance> {
+  const { config } = deps
+  const clock = deps.clock ?? systemClock
+  const random = deps.random ?? systemRandom
+  const app = Fastify({
+    ...(deps.logger ? { loggerInstance: deps.logger } : { logger: loggerOptions({ name: 'router', level: config.logLevel }) }),
+    bodyLimit: config.limits.bodyBytes,
+    requestIdHeader: false,
+    genReqId: (req) => {
+      const given = req.headers['x-request-id']
+      return typeof given === 'string' && REQUEST_ID.test(given) ? given : randomUUID()
+    },
+    return503OnClosing: false,
+    // Requests are forwarded as sent: never coerce, strip or default a field.
+    ajv: { customOptions: { coerceTypes: false, removeAdditional: false, useDefaults: false, allErrors: false } },
+  })
+  for (const s of sharedSchemas) app.addSchema(s)
+
+  const registry = new TopologyRegistry({ clock, policy: config.health, instances: config.instances })
+  const metrics = createRouterMetrics(new Registry())
+  const dispatcher = upstreamAgent(config)
+  const proxy = new HandoffProxy({
+    registry,
+    dispatcher,
+    ledger: deps.ledger ?? untrackedLedger,
+    metrics,
+    clock,
+    random,
+    pairing: config.pairing,
+    timeouts: config.timeouts,
+    ...(config.upstreamApiKey ? { upstreamApiKey: config.upstreamApiKey } : {}),
+  })
+  const prober = new Prober({
+    registry,
+    get: httpGet(dispatcher),
+    clock,
+    log: app.log.child({ component: 'prober' }),
+    intervalMs: config.health.intervalMs,
+    timeoutMs: config.health.timeoutMs,
+    onChange: (id, up) => {
+      const role = config.instances.find((i) => i.id === id)?.role ?? 'unknown'
+      metrics.instanceUp.set({ instance: id, role }, up ? 1 : 0)
+    },
+  })
+
+  let closing = false
+  app.addHook('preClose', async () => {
+    closing = true
+  })
+  app.addHook('onRequest', async (req, reply) => {
+    if (closing) {
+      reply.header('connection', 'close')
+      throw new RTR_ERR_SHUTTING_DOWN()
+    }
+    reply.header('x-request-id', req.id)
+  })
+  app.addHook('onReady', async () => {
+    if (deps.probe === false) return
+    // One round before serving, so /v1/models and health are known from the first request.
+    await prober.probeAll()
+    prober.start()
+  })
+  app.addHook('onClose', async () => {
+    prober.stop()
+    await dispatcher.close()
+  })
+
+  app.setErrorHandler((err: FastifyError, req, reply) => {
+    const mapped = toRouterError(err, config.limits.bodyBytes)
+    const status = mapped.statusCode ?? 500
+    if (status >= 500) req.log.error({ err, code: mapped.code }, mapped.message)
+    else req.log.info({ code: mapped.code }, mapped.message)
+    if (reply.raw.headersSent) {
+      reply.raw.destroy()
+      return
+    }
+    return reply.code(status).send(errorBody(mapped))
+  })
+  app.setNotFoundHandler((req, reply) => {
+    const err = new RTR_ERR_ROUTE_NOT_FOUND(`${req.method} ${req.url.split('?')[0]}`)
+    return reply.code(404).send(errorBody(err))
+  })
+
+  await app.register(healthRoutes, { registry, isClosing: () => closing })
+  await app.register(metricsRoutes, { registry: metrics.registry })
+  // Data plane: optional API keys guard every /v1 route.
+  await app.register(async (v1) => {
+    const check = bearerChecker(config.apiKeys)
+    if (check) {
+      v1.addHook('onRequest', async (req) => {
+        if (!check(req)) throw new RTR_ERR_UNAUTHORIZED()
+      })
+    }
+    await v1.register(modelRoutes, { registry, startedAt: clock.now() })
+    await v1.register(completionRoutes, { proxy })
+  })
+
+  app.decorate('topology', registry)
+  return app
+}
+
+declare module 'fastify' {
+  interface FastifyInstance {
+    topology: TopologyRegistry
+  }
+}

@@ -1,0 +1,80 @@
+import { readFileSync } from 'node:fs'
+import { createAjv, describeErrors } from '../../schemas/ajv.js'
+import type { RouterConfig } from '../../schemas/router-config.js'
+import { RTR_ERR_CONFIG } from './errors.js'
+
+/**
+ * The only place the router reads its environment. Precedence: flags > env > file > schema
+ * defaults. The result is validated against RouterConfig and deep-frozen.
+ *
+ * Env: HANDOFF_HOST, HANDOFF_PORT, HANDOFF_LOG_LEVEL, HANDOFF_API_KEYS (comma-separated),
+ * HANDOFF_ADMIN_TOKEN, HANDOFF_UPSTREAM_API_KEY, HANDOFF_INSTANCES (JSON array).
+ */
+export interface ConfigSources {
+  file?: string
+  env?: NodeJS.ProcessEnv
+  overrides?: Partial<Pick<RouterConfig, 'host' | 'port' | 'logLevel'>>
+}
+
+function readFile(file: string): Record<string, unknown> {
+  let text: string
+  try {
+    text = readFileSync(file, 'utf8')
+  } catch (err) {
+    throw new RTR_ERR_CONFIG(`cannot read ${file}: ${(err as Error).message}`, { cause: err })
+  }
+  try {
+    const parsed: unknown = JSON.parse(text)
+    if (typeof parsed !== 'object' || parsed === null || Array.isArray(parsed)) throw new Error('top level must be an object')
+    return parsed as Record<string, unknown>
+  } catch (err) {
+    throw new RTR_ERR_CONFIG(`${file} is not valid JSON: ${(err as Error).message}`, { cause: err })
+  }
+}
+
+function fromEnv(env: NodeJS.ProcessEnv): Record<string, unknown> {
+  const out: Record<string, unknown> = {}
+  if (env.HANDOFF_HOST) out.host = env.HANDOFF_HOST
+  if (env.HANDOFF_PORT) {
+    const port = Number(env.HANDOFF_PORT)
+    out.port = Number.isInteger(port) ? port : env.HANDOFF_PORT
+  }
+  if (env.HANDOFF_LOG_LEVEL) out.logLevel = env.HANDOFF_LOG_LEVEL
+  if (env.HANDOFF_API_KEYS) out.apiKeys = env.HANDOFF_API_KEYS.split(',').map((k) => k.trim()).filter(Boolean)
+  if (env.HANDOFF_ADMIN_TOKEN) out.adminToken = env.HANDOFF_ADMIN_TOKEN
+  if (env.HANDOFF_UPSTREAM_API_KEY) out.upstreamApiKey = env.HANDOFF_UPSTREAM_API_KEY
+  if (env.HANDOFF_INSTANCES) {
+    try {
+      out.instances = JSON.parse(env.HANDOFF_INSTANCES)
+    } catch (err) {
+      throw new RTR_ERR_CONFIG(`HANDOFF_INSTANCES is not valid JSON: ${(err as Error).message}`, { cause: err })
+    }
+  }
+  return out
+}
+
+function deepFreeze<T>(value: T): T {
+  if (typeof value === 'object' && value !== null) {
+    for (const v of Object.values(value)) deepFreeze(v)
+    Object.freeze(value)
+  }
+  return value
+}
+
+export function loadConfig(sources: ConfigSources = {}): RouterConfig {
+  const raw: Record<string, unknown> = {
+    ...(sources.file ? readFile(sources.file) : {}),
+    ...fromEnv(sources.env ?? {}),
+    ...Object.fromEntries(Object.entries(sources.overrides ?? {}).filter(([, v]) => v !== undefined)),
+  }
+  const validate = createAjv().getSchema('RouterConfig')
+  if (!validate) throw new RTR_ERR_CONFIG('RouterConfig schema missing')
+  if (!validate(raw)) throw new RTR_ERR_CONFIG(describeErrors(validate.errors))
+  const config = raw as unknown as RouterConfig
+  const ids = new Set<string>()
+  for (const inst of config.instances) {
+    if (ids.has(inst.id)) throw new RTR_ERR_CONFIG(`duplicate instance id ${inst.id}`)
+    ids.add(inst.id)
+  }
+  return deepFreeze(config)
+}

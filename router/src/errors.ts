@@ -1,0 +1,79 @@
+import createError from '@fastify/error'
+import type { ErrorBody } from '../../schemas/openai.js'
+
+/**
+ * Every failure the router reports, one coded constructor each. Callers branch on `err.code`,
+ * never on text. `type` is OpenAI's error class, used in the client-facing body.
+ * docs/errors.md lists every code; a test keeps the two in step.
+ */
+interface ErrorSpec {
+  status: number
+  type: 'invalid_request_error' | 'authentication_error' | 'not_found_error' | 'server_error' | 'upstream_error'
+  message: string
+}
+
+export const errorSpecs = {
+  RTR_ERR_INVALID_JSON: { status: 400, type: 'invalid_request_error', message: 'request body is not valid JSON: %s' },
+  RTR_ERR_INVALID_REQUEST: { status: 400, type: 'invalid_request_error', message: 'invalid request: %s' },
+  RTR_ERR_UNSUPPORTED_MEDIA_TYPE: { status: 415, type: 'invalid_request_error', message: 'content type %s is not supported; send application/json' },
+  RTR_ERR_BODY_TOO_LARGE: { status: 413, type: 'invalid_request_error', message: 'request body exceeds the limit of %s bytes' },
+  RTR_ERR_UNSUPPORTED: { status: 400, type: 'invalid_request_error', message: '%s' },
+  RTR_ERR_UNAUTHORIZED: { status: 401, type: 'authentication_error', message: 'a valid API key is required (Authorization: Bearer <key>)' },
+  RTR_ERR_FORBIDDEN: { status: 403, type: 'authentication_error', message: 'a valid admin token is required' },
+  RTR_ERR_MODEL_NOT_FOUND: { status: 404, type: 'not_found_error', message: 'the model `%s` does not exist' },
+  RTR_ERR_ROUTE_NOT_FOUND: { status: 404, type: 'not_found_error', message: 'route %s not found' },
+  RTR_ERR_NO_INSTANCE: { status: 503, type: 'server_error', message: 'no healthy instance can serve model `%s`' },
+  RTR_ERR_SHUTTING_DOWN: { status: 503, type: 'server_error', message: 'the router is shutting down' },
+  RTR_ERR_UPSTREAM_UNAVAILABLE: { status: 503, type: 'upstream_error', message: '%s instance %s is unreachable' },
+  RTR_ERR_UPSTREAM_TIMEOUT: { status: 504, type: 'upstream_error', message: '%s instance %s did not answer in time' },
+  RTR_ERR_UPSTREAM_RESET: { status: 502, type: 'upstream_error', message: '%s instance %s closed the connection' },
+  RTR_ERR_UPSTREAM_BAD_RESPONSE: { status: 502, type: 'upstream_error', message: '%s instance %s sent an invalid response: %s' },
+  RTR_ERR_UPSTREAM_STATUS: { status: 502, type: 'upstream_error', message: '%s instance %s failed with HTTP %s: %s' },
+  RTR_ERR_CONFIG: { status: 500, type: 'server_error', message: 'invalid router configuration: %s' },
+  RTR_ERR_INTERNAL: { status: 500, type: 'server_error', message: 'internal error: %s' },
+} as const satisfies Record<string, ErrorSpec>
+
+export type RouterErrorCode = keyof typeof errorSpecs
+
+function make<C extends RouterErrorCode>(code: C) {
+  const spec: ErrorSpec = errorSpecs[code]
+  return createError<C, number, unknown[]>(code, spec.message, spec.status)
+}
+
+export const RTR_ERR_INVALID_JSON = make('RTR_ERR_INVALID_JSON')
+export const RTR_ERR_INVALID_REQUEST = make('RTR_ERR_INVALID_REQUEST')
+export const RTR_ERR_UNSUPPORTED_MEDIA_TYPE = make('RTR_ERR_UNSUPPORTED_MEDIA_TYPE')
+export const RTR_ERR_BODY_TOO_LARGE = make('RTR_ERR_BODY_TOO_LARGE')
+export const RTR_ERR_UNSUPPORTED = make('RTR_ERR_UNSUPPORTED')
+export const RTR_ERR_UNAUTHORIZED = make('RTR_ERR_UNAUTHORIZED')
+export const RTR_ERR_FORBIDDEN = make('RTR_ERR_FORBIDDEN')
+export const RTR_ERR_MODEL_NOT_FOUND = make('RTR_ERR_MODEL_NOT_FOUND')
+export const RTR_ERR_ROUTE_NOT_FOUND = make('RTR_ERR_ROUTE_NOT_FOUND')
+export const RTR_ERR_NO_INSTANCE = make('RTR_ERR_NO_INSTANCE')
+export const RTR_ERR_SHUTTING_DOWN = make('RTR_ERR_SHUTTING_DOWN')
+export const RTR_ERR_UPSTREAM_UNAVAILABLE = make('RTR_ERR_UPSTREAM_UNAVAILABLE')
+export const RTR_ERR_UPSTREAM_TIMEOUT = make('RTR_ERR_UPSTREAM_TIMEOUT')
+export const RTR_ERR_UPSTREAM_RESET = make('RTR_ERR_UPSTREAM_RESET')
+export const RTR_ERR_UPSTREAM_BAD_RESPONSE = make('RTR_ERR_UPSTREAM_BAD_RESPONSE')
+export const RTR_ERR_UPSTREAM_STATUS = make('RTR_ERR_UPSTREAM_STATUS')
+export const RTR_ERR_CONFIG = make('RTR_ERR_CONFIG')
+export const RTR_ERR_INTERNAL = make('RTR_ERR_INTERNAL')
+
+export interface CodedError extends Error {
+  code: string
+  statusCode?: number
+}
+
+export function isRouterError(err: unknown): err is CodedError & { code: RouterErrorCode } {
+  return err instanceof Error && typeof (err as CodedError).code === 'string' && (err as CodedError).code in errorSpecs
+}
+
+/** The OpenAI-shaped body for a router error. */
+export function errorBody(err: CodedError & { code: RouterErrorCode }, param: string | null = null): ErrorBody {
+  return { error: { message: err.message, type: errorSpecs[err.code].type, param, code: err.code } }
+}
+
+/** The SSE frame that ends a stream whose headers are already sent. */
+export function errorEvent(err: CodedError & { code: RouterErrorCode }): string {
+  return `data: ${JSON.stringify(errorBody(err))}\n\ndata: [DONE]\n\n`
+}

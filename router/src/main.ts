@@ -1,0 +1,49 @@
+import { parseArgs } from 'node:util'
+import closeWithGrace from 'close-with-grace'
+import { announceReady } from '../../common/ready.js'
+import { buildApp } from './app.js'
+import { loadConfig } from './config.js'
+
+const HELP = `usage: handoff router [--config FILE] [--host HOST] [--port PORT] [--log-level LEVEL]
+
+Runs the router: the OpenAI-compatible front door for a P/D cluster.
+The config file is JSON (schema: schemas/json/RouterConfig.json); env overrides:
+HANDOFF_HOST, HANDOFF_PORT, HANDOFF_LOG_LEVEL, HANDOFF_API_KEYS, HANDOFF_ADMIN_TOKEN,
+HANDOFF_UPSTREAM_API_KEY, HANDOFF_INSTANCES (JSON array of instances).
+`
+
+/** `handoff router`: env → config → build → listen → close-with-grace. */
+export async function main(argv: string[]): Promise<void> {
+  const { values } = parseArgs({
+    args: argv,
+    options: {
+      config: { type: 'string', short: 'c' },
+      host: { type: 'string' },
+      port: { type: 'string' },
+      'log-level': { type: 'string' },
+      help: { type: 'boolean', short: 'h' },
+    },
+  })
+  if (values.help) {
+    process.stdout.write(HELP)
+    return
+  }
+  const config = loadConfig({
+    ...(values.config ? { file: values.config } : {}),
+    env: process.env,
+    overrides: {
+      ...(values.host ? { host: values.host } : {}),
+      ...(values.port !== undefined ? { port: Number(values.port) } : {}),
+      ...(values['log-level'] ? { logLevel: values['log-level'] as never } : {}),
+    },
+  })
+  const app = await buildApp({ config })
+  // In-flight streams get shutdownGraceMs to finish; then the process exits regardless.
+  closeWithGrace({ delay: config.shutdownGraceMs }, async ({ signal, err }) => {
+    if (err) app.log.error({ err }, 'closing after an error')
+    else app.log.info({ signal }, 'closing: no new requests, waiting for in-flight ones')
+    await app.close()
+  })
+  const address = await app.listen({ host: config.host, port: config.port })
+  announceReady('router', address)
+}

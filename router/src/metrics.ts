@@ -1,0 +1,58 @@
+import { Counter, Gauge, Histogram, Registry } from 'prom-client'
+
+/** The router's Prometheus metrics, on a private registry (never prom-client's global one). */
+export function createRouterMetrics(registry: Registry) {
+  const registers = [registry]
+  return {
+    registry,
+    requests: new Counter({
+      name: 'handoff_router_requests_total',
+      help: 'Completion requests by route mode (pd, single) and outcome (ok or an error code)',
+      labelNames: ['mode', 'outcome'] as const,
+      registers,
+    }),
+    requestDuration: new Histogram({
+      name: 'handoff_router_request_duration_seconds',
+      help: 'Time from request start to the last byte sent',
+      labelNames: ['mode'] as const,
+      buckets: [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60],
+      registers,
+    }),
+    prefillDuration: new Histogram({
+      name: 'handoff_router_prefill_duration_seconds',
+      help: 'Prefill leg: request sent to P until its whole answer arrived',
+      buckets: [0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30],
+      registers,
+    }),
+    handoffGap: new Histogram({
+      name: 'handoff_router_handoff_gap_seconds',
+      help: "From P's answer to D's first response byte",
+      buckets: [0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30],
+      registers,
+    }),
+    upstreamErrors: new Counter({
+      name: 'handoff_router_upstream_errors_total',
+      help: 'Upstream failures by leg and error code',
+      labelNames: ['leg', 'code'] as const,
+      registers,
+    }),
+    handoffsWithoutParams: new Counter({
+      name: 'handoff_router_prefill_without_params_total',
+      help: 'Prefill answers without usable kv_transfer_params (D then prefilled locally)',
+      registers,
+    }),
+    inflight: new Gauge({
+      name: 'handoff_router_inflight_requests',
+      help: 'Completion requests in progress',
+      registers,
+    }),
+    instanceUp: new Gauge({
+      name: 'handoff_router_instance_up',
+      help: 'Whether the last health probe of an instance passed (1) or failed (0)',
+      labelNames: ['instance', 'role'] as const,
+      registers,
+    }),
+  }
+}
+
+export type RouterMetrics = ReturnType<typeof createRouterMetrics>

@@ -1,0 +1,20 @@
+import { createHash, timingSafeEqual } from 'node:crypto'
+import type { FastifyRequest } from 'fastify'
+
+/**
+ * Bearer-key check with constant-time comparison. Keys are compared as SHA-256 digests so
+ * neither the content nor the length of a configured key leaks through timing.
+ */
+export function bearerChecker(keys: readonly string[]): ((req: FastifyRequest) => boolean) | undefined {
+  if (keys.length === 0) return undefined
+  const digests = keys.map((k) => createHash('sha256').update(k).digest())
+  return (req) => {
+    const header = req.headers.authorization
+    if (typeof header !== 'string' || !header.startsWith('Bearer ')) return false
+    const given = createHash('sha256').update(header.slice(7).trim()).digest()
+    let ok = false
+    // Check every key (no early exit) to keep the time independent of which key matched.
+    for (const d of digests) ok = timingSafeEqual(d, given) || ok
+    return ok
+  }
+}

@@ -1,0 +1,32 @@
+import { PREFILL_REQUEST_PARAMS } from '../../../schemas/kv-transfer-params.js'
+
+type Body = Record<string, unknown>
+
+/**
+ * The prefill leg's body (protocol reference §1.2): the client's body with
+ * `do_remote_decode`, non-streamed, one token; options P does not support are removed.
+ */
+export function prefillBody(body: Body): Body {
+  const { stream_options: _so, min_tokens: _mt, min_completion_tokens: _mct, ...rest } = body
+  const out: Body = { ...rest, kv_transfer_params: { ...PREFILL_REQUEST_PARAMS }, stream: false, max_tokens: 1 }
+  if (body.max_completion_tokens !== undefined && body.max_completion_tokens !== null) out.max_completion_tokens = 1
+  return out
+}
+
+/**
+ * The decode leg's body (§1.4): the client's original body with P's `kv_transfer_params`
+ * verbatim, never rebuilt field by field. Without params D prefills locally.
+ */
+export function decodeBody(body: Body, params: Record<string, unknown> | undefined): Body {
+  if (params === undefined) {
+    if (body.kv_transfer_params === undefined) return body
+    const { kv_transfer_params: _k, ...rest } = body
+    return rest
+  }
+  return { ...body, kv_transfer_params: params }
+}
+
+/** Whether the client asked for a streamed answer. */
+export function wantsStream(body: Body): boolean {
+  return body.stream === true
+}

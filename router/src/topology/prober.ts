@@ -1,0 +1,95 @@
+import type { FastifyBaseLogger } from 'fastify'
+import type { Clock, ClockTimer } from '../../../common/clock.js'
+import type { TopologyRegistry } from './registry.js'
+
+/** A GET that resolves with the status and text, or rejects on transport failure/timeout. */
+export type HttpGet = (url: string, timeoutMs: number) => Promise<{ status: number; text: string }>
+
+export interface ProberOptions {
+  registry: TopologyRegistry
+  get: HttpGet
+  clock: Clock
+  log: FastifyBaseLogger
+  intervalMs: number
+  timeoutMs: number
+  /** Called after each probe that changed an instance's up/down verdict. */
+  onChange?: (id: string, up: boolean) => void
+}
+
+function parseModels(text: string): string[] | undefined {
+  try {
+    const body = JSON.parse(text) as { data?: { id?: unknown }[] }
+    if (!Array.isArray(body.data)) return undefined
+    return body.data.map((m) => m.id).filter((id): id is string => typeof id === 'string')
+  } catch {
+    return undefined
+  }
+}
+
+/**
+ * Active health checks: `GET /health` on every instance each interval, and `GET /v1/models`
+ * until the instance's models are known. Results go to the registry, which also receives
+ * passive request outcomes.
+ */
+export class Prober {
+  readonly #o: ProberOptions
+  #timer: ClockTimer | undefined
+  #stopped = false
+  readonly #lastUp = new Map<string, boolean>()
+
+  constructor(opts: ProberOptions) {
+    if (opts.intervalMs <= 0 || opts.timeoutMs <= 0) throw new RangeError('probe interval and timeout must be positive')
+    this.#o = opts
+  }
+
+  /** Probes every instance once; resolves when all answered or timed out. */
+  async probeAll(): Promise<void> {
+    await Promise.all(this.#o.registry.ids().map((id) => this.#probe(id)))
+  }
+
+  start(): void {
+    this.#stopped = false
+    const tick = (): void => {
+      this.#timer = undefined
+      void this.probeAll().finally(() => {
+        if (!this.#stopped) this.#schedule(tick)
+      })
+    }
+    this.#schedule(tick)
+  }
+
+  stop(): void {
+    this.#stopped = true
+    if (this.#timer) this.#o.clock.clearTimeout(this.#timer)
+    this.#timer = undefined
+  }
+
+  #schedule(fn: () => void): void {
+    const t = this.#o.clock.setTimeout(fn, this.#o.intervalMs)
+    t.unref?.()
+    this.#timer = t
+  }
+
+  async #probe(id: string): Promise<void> {
+    const { registry, get, timeoutMs, log } = this.#o
+    const base = registry.url(id)
+    let up = false
+    let models: string[] | undefined
+    try {
+      const health = await get(`${base}/health`, timeoutMs)
+      up = health.status === 200
+      if (up && registry.needsModels(id)) {
+        const res = await get(`${base}/v1/models`, timeoutMs)
+        if (res.status === 200) models = parseModels(res.text)
+      }
+    } catch (err) {
+      log.debug({ instance: id, err }, 'health probe failed')
+    }
+    registry.recordProbe(id, up, models)
+    if (this.#lastUp.get(id) !== up) {
+      this.#lastUp.set(id, up)
+      log.info({ instance: id, up }, up ? 'instance is up' : 'instance is down')
+      this.#o.onChange?.(id, up)
+    }
+  }
+}

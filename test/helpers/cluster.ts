@@ -1,0 +1,113 @@
+import type { FastifyInstance } from 'fastify'
+import pino from 'pino'
+import { request } from 'undici'
+import { spawnService, type SpawnedService } from '../../common/spawn.js'
+import { buildApp, type RouterDeps } from '../../router/src/app.js'
+import { loadConfig } from '../../router/src/config.js'
+import type { InstanceConfig, RouterConfig } from '../../schemas/router-config.js'
+
+/** Minimal surface of a tap test used by the helpers (teardown registration). */
+export interface Teardown {
+  teardown(fn: () => unknown): void
+}
+
+/** Starts a real simulator process; stopped when the test ends. */
+export async function startSim(t: Teardown, args: string[] = []): Promise<SpawnedService> {
+  const sim = await spawnService({ args: ['sim', '--port', '0', '--log-level', 'warn', ...args] })
+  t.teardown(() => sim.stop())
+  return sim
+}
+
+/** Builds an in-process router (real code, real sockets) in front of the given instances. */
+export async function startRouter(
+  t: Teardown,
+  instances: InstanceConfig[],
+  overrides: Partial<Omit<RouterConfig, 'instances'>> & { probe?: boolean } = {},
+): Promise<{ app: FastifyInstance; url: string; logs: Record<string, unknown>[] }> {
+  const { probe, ...rest } = overrides
+  const config = { ...loadConfig({ overrides: { port: 0, logLevel: 'warn' } }), instances, ...rest } as RouterConfig
+  const logs: Record<string, unknown>[] = []
+  const sink = new (await import('node:stream')).Writable({
+    write(chunk: Buffer, _enc, cb) {
+      for (const line of chunk.toString('utf8').split('\n')) if (line) logs.push(JSON.parse(line) as Record<string, unknown>)
+      cb()
+    },
+  })
+  const deps: RouterDeps = { config, logger: pino({ level: 'info' }, sink), ...(probe === false ? { probe: false } : {}) }
+  const app = await buildApp(deps)
+  const url = await app.listen({ host: '127.0.0.1', port: 0 })
+  t.teardown(() => app.close())
+  return { app, url, logs }
+}
+
+export interface Posted {
+  status: number
+  headers: Record<string, string | string[] | undefined>
+  text: string
+  json<T = Record<string, unknown>>(): T
+}
+
+export async function post(url: string, body: unknown, headers: Record<string, string> = {}): Promise<Posted> {
+  const res = await request(url, {
+    method: 'POST',
+    body: typeof body === 'string' ? body : JSON.stringify(body),
+    headers: { 'content-type': 'application/json', ...headers },
+    headersTimeout: 30_000,
+    bodyTimeout: 30_000,
+  })
+  const text = await res.body.text()
+  return { status: res.statusCode, headers: res.headers, text, json: <T>() => JSON.parse(text) as T }
+}
+
+export async function get(url: string, headers: Record<string, string> = {}): Promise<Posted> {
+  const res = await request(url, { headers, headersTimeout: 30_000, bodyTimeout: 30_000 })
+  const text = await res.body.text()
+  return { status: res.statusCode, headers: res.headers, text, json: <T>() => JSON.parse(text) as T }
+}
+
+/** Parses an SSE body into its `data:` payloads (JSON objects, plus the literal [DONE]). */
+export function sseEvents(text: string): (Record<string, unknown> | '[DONE]')[] {
+  const out: (Record<string, unknown> | '[DONE]')[] = []
+  for (const block of text.split('\n\n')) {
+    const line = block.split('\n').find((l) => l.startsWith('data: '))
+    if (!line) continue
+    const data = line.slice(6)
+    out.push(data === '[DONE]' ? '[DONE]' : (JSON.parse(data) as Record<string, unknown>))
+  }
+  return out
+}
+
+/** Concatenated text of a streamed completion or chat completion. */
+export function streamedText(text: string): string {
+  let out = ''
+  for (const ev of sseEvents(text)) {
+    if (ev === '[DONE]') continue
+    for (const c of (ev.choices as { text?: string; delta?: { content?: string } }[] | undefined) ?? []) {
+      out += c.text ?? c.delta?.content ?? ''
+    }
+  }
+  return out
+}
+
+/** What a simulator received (its /sim/requests log). */
+export interface SimRequestRecord {
+  path: string
+  headers: Record<string, string>
+  body: Record<string, unknown>
+}
+
+export async function simRequests(sim: SpawnedService): Promise<SimRequestRecord[]> {
+  const res = await get(`${sim.url}/sim/requests`)
+  const parsed = res.json<{ requests: SimRequestRecord[] } | SimRequestRecord[]>()
+  return Array.isArray(parsed) ? parsed : parsed.requests
+}
+
+/** Polls `check` every 25 ms until it returns true or `timeoutMs` passes. */
+export async function waitFor(check: () => Promise<boolean> | boolean, timeoutMs = 5000): Promise<boolean> {
+  const deadline = Date.now() + timeoutMs
+  while (Date.now() < deadline) {
+    if (await check()) return true
+    await new Promise((r) => setTimeout(r, 25))
+  }
+  return false
+}

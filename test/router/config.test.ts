@@ -1,0 +1,61 @@
+import { mkdtempSync, writeFileSync } from 'node:fs'
+import { tmpdir } from 'node:os'
+import { join } from 'node:path'
+import t from 'tap'
+import { loadConfig } from '../../router/src/config.js'
+
+function file(content: string): string {
+  const dir = mkdtempSync(join(tmpdir(), 'handoff-cfg-'))
+  const f = join(dir, 'router.json')
+  writeFileSync(f, content)
+  return f
+}
+
+t.test('schema defaults fill an empty config, and the result is frozen', async (t) => {
+  const c = loadConfig()
+  t.equal(c.port, 8000)
+  t.equal(c.host, '127.0.0.1')
+  t.equal(c.timeouts.prefillMs, 120000)
+  t.equal(c.pairing.mode, 'all')
+  t.same(c.instances, [])
+  t.ok(Object.isFrozen(c) && Object.isFrozen(c.timeouts))
+})
+
+t.test('precedence: flags over env over file', async (t) => {
+  const f = file(JSON.stringify({ port: 9001, host: '0.0.0.0', instances: [{ id: 'p0', role: 'prefill', url: 'http://127.0.0.1:1' }] }))
+  t.equal(loadConfig({ file: f }).port, 9001)
+  t.equal(loadConfig({ file: f, env: { HANDOFF_PORT: '9002' } }).port, 9002)
+  t.equal(loadConfig({ file: f, env: { HANDOFF_PORT: '9002' }, overrides: { port: 9003 } }).port, 9003)
+  const env = loadConfig({
+    env: {
+      HANDOFF_API_KEYS: 'key-one-123, key-two-456',
+      HANDOFF_INSTANCES: '[{"id":"d0","role":"decode","url":"http://127.0.0.1:2"}]',
+      HANDOFF_ADMIN_TOKEN: 'admin-token-1',
+    },
+  })
+  t.same(env.apiKeys, ['key-one-123', 'key-two-456'])
+  t.equal(env.instances[0]?.id, 'd0')
+  t.equal(env.adminToken, 'admin-token-1')
+})
+
+t.test('bad configs fail fast with RTR_ERR_CONFIG and say why', async (t) => {
+  const cases: [() => unknown, RegExp][] = [
+    [() => loadConfig({ file: '/nonexistent/router.json' }), /cannot read/],
+    [() => loadConfig({ file: file('{nope') }), /not valid JSON/],
+    [() => loadConfig({ file: file('[]') }), /top level must be an object/],
+    [() => loadConfig({ file: file('{"port": 70000}') }), /\/port must be <= 65535/],
+    [() => loadConfig({ file: file('{"surprise": 1}') }), /must NOT have additional properties/],
+    [() => loadConfig({ file: file('{"instances":[{"id":"x","role":"leader","url":"http://a"}]}') }), /role/],
+    [() => loadConfig({ file: file('{"instances":[{"id":"x","role":"decode","url":"ftp://a"}]}') }), /url/],
+    [
+      () =>
+        loadConfig({
+          file: file('{"instances":[{"id":"x","role":"decode","url":"http://a"},{"id":"x","role":"decode","url":"http://b"}]}'),
+        }),
+      /duplicate instance id x/,
+    ],
+    [() => loadConfig({ env: { HANDOFF_INSTANCES: 'not json' } }), /HANDOFF_INSTANCES/],
+    [() => loadConfig({ env: { HANDOFF_PORT: 'eighty' } }), /port/],
+  ]
+  for (const [fn, msg] of cases) t.throws(fn, { code: 'RTR_ERR_CONFIG', message: msg })
+})

@@ -1,0 +1,47 @@
+import t from 'tap'
+import { decodeBody, prefillBody, wantsStream } from '../../router/src/proxy/legs.js'
+
+t.test('the prefill leg: do_remote_decode, not streamed, one token, unsupported options removed', async (t) => {
+  const body = {
+    model: 'm',
+    messages: [{ role: 'user', content: 'hi' }],
+    stream: true,
+    stream_options: { include_usage: true },
+    max_tokens: 50,
+    max_completion_tokens: 40,
+    min_tokens: 3,
+    min_completion_tokens: 2,
+    temperature: 0.3,
+  }
+  const p = prefillBody(body)
+  t.same(p, {
+    model: 'm',
+    messages: [{ role: 'user', content: 'hi' }],
+    stream: false,
+    max_tokens: 1,
+    max_completion_tokens: 1,
+    temperature: 0.3,
+    kv_transfer_params: {
+      do_remote_decode: true,
+      do_remote_prefill: false,
+      remote_engine_id: null,
+      remote_block_ids: null,
+      remote_host: null,
+      remote_port: null,
+    },
+  })
+  t.equal(body.max_tokens, 50, 'the original body is not modified')
+  t.notOk('max_completion_tokens' in prefillBody({ model: 'm', prompt: 'x' }), 'max_completion_tokens only when the client sent it')
+})
+
+t.test('the decode leg: the original body plus P params verbatim', async (t) => {
+  const params = { remote_engine_id: 'e', remote_block_ids: [[1, 2]], future_field: { nested: true } }
+  const body = { model: 'm', prompt: 'x', stream: true, min_tokens: 2 }
+  const d = decodeBody(body, params)
+  t.same(d, { ...body, kv_transfer_params: params })
+  t.equal(d.kv_transfer_params, params, 'the same object: never rebuilt field by field')
+  t.equal(decodeBody(body, undefined), body, 'without params the body is unchanged')
+  t.same(decodeBody({ ...body, kv_transfer_params: { x: 1 } }, undefined), body, "a client's own params are dropped")
+  t.ok(wantsStream(body))
+  t.notOk(wantsStream({ stream: 'yes' }))
+})

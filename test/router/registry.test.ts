@@ -1,0 +1,92 @@
+import t from 'tap'
+import { ManualClock } from '../../common/clock.js'
+import { TopologyRegistry } from '../../router/src/topology/registry.js'
+
+const policy = { unhealthyThreshold: 2, baseEjectionMs: 1000, maxEjectionMs: 3000 }
+
+function registry(clock = new ManualClock()) {
+  return {
+    clock,
+    reg: new TopologyRegistry({
+      clock,
+      policy,
+      instances: [
+        { id: 'p', role: 'prefill', url: 'http://127.0.0.1:1001/ignored' },
+        { id: 'd', role: 'decode', url: 'http://127.0.0.1:1002' },
+      ],
+    }),
+  }
+}
+
+t.test('consecutive failures eject, with a doubling ejection capped at the maximum', async (t) => {
+  const { clock, reg } = registry()
+  t.ok(reg.isUp('d'))
+  reg.recordFailure('d')
+  t.ok(reg.isUp('d'), 'one failure is below the threshold')
+  reg.recordFailure('d')
+  t.notOk(reg.isUp('d'), 'ejected at the threshold')
+  t.notOk(reg.snapshot().instances.find((i) => i.id === 'd')?.healthy)
+  clock.advance(999)
+  t.notOk(reg.isUp('d'))
+  clock.advance(1)
+  t.ok(reg.isUp('d'), 'back after 1 s')
+  t.ok(reg.snapshot().instances.find((i) => i.id === 'd')?.healthy, 'snapshot sees the expiry')
+  reg.recordFailure('d')
+  reg.recordFailure('d')
+  clock.advance(1999)
+  t.notOk(reg.isUp('d'), 'second ejection lasts 2 s')
+  clock.advance(1)
+  reg.recordFailure('d')
+  reg.recordFailure('d')
+  clock.advance(2999)
+  t.notOk(reg.isUp('d'), 'third is capped at 3 s')
+  clock.advance(1)
+  t.ok(reg.isUp('d'))
+})
+
+t.test('a success resets the failure streak', async (t) => {
+  const { reg } = registry()
+  reg.recordFailure('d')
+  reg.recordSuccess('d')
+  reg.recordFailure('d')
+  t.ok(reg.isUp('d'))
+})
+
+t.test('probes mark instances down and up, and a passing probe ends an ejection', async (t) => {
+  const { reg } = registry()
+  reg.recordProbe('p', false)
+  t.notOk(reg.isUp('p'))
+  t.ok(reg.needsModels('p'))
+  reg.recordProbe('p', true, ['m1', 'm2'])
+  t.ok(reg.isUp('p'))
+  t.notOk(reg.needsModels('p'))
+  t.same([...reg.snapshot().models].sort(), ['m1', 'm2'])
+})
+
+t.test('inflight counts feed the snapshot and never go negative', async (t) => {
+  const { reg } = registry()
+  reg.acquire('d')
+  reg.acquire('d')
+  t.equal(reg.snapshot().instances.find((i) => i.id === 'd')?.inflight, 2)
+  reg.release('d')
+  reg.release('d')
+  reg.release('d')
+  t.equal(reg.snapshot().instances.find((i) => i.id === 'd')?.inflight, 0)
+})
+
+t.test('a new engine_id at a known address reports the old one', async (t) => {
+  const { reg } = registry()
+  t.equal(reg.observeEngineId('p', 'e1'), undefined, 'first sighting is no change')
+  t.equal(reg.observeEngineId('p', 'e1'), undefined)
+  t.same(reg.observeEngineId('p', 'e2'), { instanceId: 'p', address: '127.0.0.1:1001', previous: 'e1', current: 'e2' })
+  t.equal(reg.snapshot().instances.find((i) => i.id === 'p')?.engineId, 'e2')
+  t.equal(reg.url('p'), 'http://127.0.0.1:1001', 'urls are normalised to their origin')
+})
+
+t.test('bad input is rejected', async (t) => {
+  const clock = new ManualClock()
+  t.throws(() => new TopologyRegistry({ clock, policy: { ...policy, unhealthyThreshold: 0 }, instances: [] }), RangeError)
+  const { reg } = registry()
+  t.throws(() => reg.add({ id: 'p', role: 'prefill', url: 'http://127.0.0.1:1' }), /duplicate/)
+  t.throws(() => reg.acquire('nope'), /unknown instance/)
+})

@@ -1,0 +1,73 @@
+import t from 'tap'
+import { seededRandom } from '../../common/random.js'
+import type { InstanceView, TopologySnapshot } from '../../router/src/topology/registry.js'
+import { paired, pickLeastLoaded, selectRoute } from '../../router/src/topology/selection.js'
+
+function inst(id: string, role: InstanceView['role'], extra: Partial<InstanceView> = {}): InstanceView {
+  return { id, role, url: `http://127.0.0.1/${id}`, labels: {}, engineId: undefined, healthy: true, inflight: 0, models: new Set(['m']), ...extra }
+}
+
+function snap(instances: InstanceView[]): TopologySnapshot {
+  const models = new Set<string>()
+  for (const i of instances) for (const m of i.models ?? []) models.add(m)
+  return { instances, models }
+}
+
+const all = { mode: 'all' as const, label: 'transfer_group' }
+
+t.test('a prefiller and a decoder make a P/D route', async (t) => {
+  const r = selectRoute(snap([inst('p', 'prefill'), inst('d', 'decode')]), 'm', all, seededRandom(1))
+  t.same(r && r.mode === 'pd' ? [r.prefill.id, r.decode.id] : r, ['p', 'd'])
+})
+
+t.test('without prefillers, or with only unhealthy ones, one instance serves in one leg', async (t) => {
+  const noP = selectRoute(snap([inst('b', 'both')]), 'm', all, seededRandom(1))
+  t.same(noP && noP.mode === 'single' ? noP.target.id : noP, 'b')
+  const sickP = selectRoute(snap([inst('p', 'prefill', { healthy: false }), inst('d', 'decode')]), 'm', all, seededRandom(1))
+  t.equal(sickP?.mode, 'single')
+})
+
+t.test('no decoder at all means no route', async (t) => {
+  t.equal(selectRoute(snap([inst('p', 'prefill')]), 'm', all, seededRandom(1)), undefined)
+  t.equal(selectRoute(snap([inst('d', 'decode', { healthy: false })]), 'm', all, seededRandom(1)), undefined)
+})
+
+t.test('instances that do not serve the model are skipped; unknown models are assumed served', async (t) => {
+  const r = selectRoute(
+    snap([inst('p', 'prefill', { models: new Set(['other']) }), inst('p2', 'prefill', { models: undefined }), inst('d', 'decode')]),
+    'm',
+    all,
+    seededRandom(3),
+  )
+  t.equal(r?.mode === 'pd' ? r.prefill.id : undefined, 'p2')
+})
+
+t.test('label pairing keeps P and D in the same transfer group', async (t) => {
+  const by = { mode: 'label' as const, label: 'transfer_group' }
+  const a = inst('pa', 'prefill', { labels: { transfer_group: 'a' } })
+  const db = inst('db', 'decode', { labels: { transfer_group: 'b' } })
+  const da = inst('da', 'decode', { labels: { transfer_group: 'a' } })
+  t.ok(paired(a, da, by))
+  t.notOk(paired(a, db, by))
+  t.ok(paired(a, db, all))
+  for (let seed = 0; seed < 20; seed++) {
+    const r = selectRoute(snap([a, db, da]), 'm', by, seededRandom(seed))
+    t.equal(r?.mode === 'pd' ? r.decode.id : undefined, 'da')
+  }
+  // A prefiller with no decoder in its group is never chosen.
+  const lonely = selectRoute(snap([inst('pc', 'prefill', { labels: { transfer_group: 'c' } }), db]), 'm', by, seededRandom(1))
+  t.equal(lonely?.mode, 'single')
+})
+
+t.test('power of two choices prefers the less loaded of two', async (t) => {
+  const busy = inst('busy', 'decode', { inflight: 10 })
+  const idle = inst('idle', 'decode', { inflight: 0 })
+  for (let seed = 0; seed < 20; seed++) t.equal(pickLeastLoaded([busy, idle], seededRandom(seed))?.id, 'idle')
+  t.equal(pickLeastLoaded([], seededRandom(1)), undefined)
+  // Over many draws every instance of three equally loaded ones is picked.
+  const three = [inst('a', 'decode'), inst('b', 'decode'), inst('c', 'decode')]
+  const seen = new Set<string>()
+  const rnd = seededRandom(7)
+  for (let i = 0; i < 100; i++) seen.add(pickLeastLoaded(three, rnd)?.id ?? '')
+  t.same([...seen].sort(), ['a', 'b', 'c'])
+})

@@ -89,9 +89,20 @@ async function serve(ctx: SimContext, kind: Kind, request: FastifyRequest<{ Body
 
   if (body.stream === true) {
     const includeUsage = (body.stream_options as { include_usage?: unknown } | null | undefined)?.include_usage === true
+    const frames = sseFrames(kind, head, result, includeUsage ? usage : undefined)
+    if (fault === 'disconnect') {
+      done(false)
+      // Headers and the first frames reach the client, then the socket goes.
+      reply.hijack()
+      reply.raw.writeHead(200, { 'content-type': 'text/event-stream', 'cache-control': 'no-cache' })
+      const first = frames.next().value ?? ''
+      const second = kind === 'chat' ? (frames.next().value ?? '') : ''
+      reply.raw.write(first + second, () => reply.raw.destroy())
+      return reply
+    }
     const stream = new PassThrough()
     reply.header('content-type', 'text/event-stream').header('cache-control', 'no-cache')
-    void streamTokens(ctx, kind, head, result, includeUsage ? usage : undefined, stream, signal, fault === 'disconnect').then(
+    void paceFrames(ctx, frames, stream, signal).then(
       () => done(true, result),
       (err: unknown) => {
         done(false)
@@ -125,49 +136,50 @@ async function serve(ctx: SimContext, kind: Kind, request: FastifyRequest<{ Body
     // Headers and part of the body, then the socket goes: what a crashing engine looks like.
     reply.hijack()
     reply.raw.writeHead(200, { 'content-type': 'application/json' })
-    reply.raw.write(JSON.stringify(payload).slice(0, 16))
-    reply.raw.destroy()
+    reply.raw.write(JSON.stringify(payload).slice(0, 16), () => reply.raw.destroy())
     return reply
   }
   done(true, result)
   return reply.send(payload)
 }
 
-/** Writes the SSE frames, pacing tokens by decodeDelayMs; rejects when cut short. */
-async function streamTokens(
-  ctx: SimContext,
-  kind: Kind,
-  head: { id: string; created: number; model: string },
-  result: EngineResult,
-  usage: Usage | undefined,
-  out: PassThrough,
-  signal: AbortSignal,
-  disconnect: boolean,
-): Promise<void> {
+/**
+ * The SSE frames of a streamed answer, in vLLM's shapes: for chat a first frame with the
+ * assistant role, then one frame per token (the last with finish_reason), an optional usage
+ * frame with empty choices, and `data: [DONE]`. Yields `null` between tokens, where a decode
+ * step's delay belongs.
+ */
+function* sseFrames(kind: Kind, head: { id: string; created: number; model: string }, result: EngineResult, usage: Usage | undefined): Generator<string> {
   const object = kind === 'chat' ? 'chat.completion.chunk' : 'text_completion'
-  const frame = (choices: unknown[], extra?: object): void => {
-    out.write(`data: ${JSON.stringify({ id: head.id, object, created: head.created, model: head.model, choices, ...extra })}\n\n`)
-  }
+  const frame = (choices: unknown[], extra?: object): string =>
+    `data: ${JSON.stringify({ id: head.id, object, created: head.created, model: head.model, choices, ...extra })}\n\n`
+  if (kind === 'chat') yield frame([{ index: 0, delta: { role: 'assistant', content: '' }, logprobs: null, finish_reason: null }])
   const n = result.outputTokens.length
+  for (let i = 0; i < n; i++) {
+    const text = detokenizeOne(result.outputTokens[i] as number)
+    const finish = i === n - 1 ? 'length' : null
+    yield frame([
+      kind === 'chat'
+        ? { index: 0, delta: { content: text }, logprobs: null, finish_reason: finish, stop_reason: null }
+        : { index: 0, text, logprobs: null, finish_reason: finish, stop_reason: null },
+    ])
+  }
+  if (usage) yield frame([], { usage })
+  yield 'data: [DONE]\n\n'
+}
+
+/** Writes frames to `out`, one decode delay before every token frame after the first. */
+async function paceFrames(ctx: SimContext, frames: Generator<string>, out: PassThrough, signal: AbortSignal): Promise<void> {
+  let tokenFrames = 0
   try {
-    if (kind === 'chat') frame([{ index: 0, delta: { role: 'assistant', content: '' }, logprobs: null, finish_reason: null }])
-    for (let i = 0; i < n; i++) {
-      if (i > 0) await sleep(ctx.clock, ctx.config.decodeDelayMs, signal)
-      if (signal.aborted) throw signal.reason
-      const text = detokenizeOne(result.outputTokens[i] as number)
-      const finish = i === n - 1 ? 'length' : null
-      frame([
-        kind === 'chat'
-          ? { index: 0, delta: { content: text }, logprobs: null, finish_reason: finish, stop_reason: null }
-          : { index: 0, text, logprobs: null, finish_reason: finish, stop_reason: null },
-      ])
-      if (disconnect) {
-        out.destroy(new Error('injected disconnect'))
-        throw new Error('injected disconnect')
+    for (const f of frames) {
+      if (f.includes('"finish_reason"') && !f.includes('"role"')) {
+        if (tokenFrames++ > 0) await sleep(ctx.clock, ctx.config.decodeDelayMs, signal)
       }
+      if (signal.aborted) throw signal.reason
+      out.write(f)
     }
-    if (usage) frame([], { usage })
-    out.end('data: [DONE]\n\n')
+    out.end()
   } catch (err) {
     if (!out.destroyed) out.destroy()
     throw err

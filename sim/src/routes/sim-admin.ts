@@ -37,7 +37,7 @@ const RecordedRequestView = Type.Object(
     method: Type.String(),
     path: Type.String(),
     headers: Type.Object({}, { additionalProperties: true }),
-    body: Type.Unknown(),
+    body: Type.Optional(Type.Unknown()),
   },
   { additionalProperties: false },
 )

@@ -1,0 +1,330 @@
+import { Writable } from 'node:stream'
+import { pino } from 'pino'
+import t from 'tap'
+import { ManualClock } from '../../common/clock.js'
+import { seededRandom } from '../../common/random.js'
+import type { SimConfig } from '../../schemas/sim-config.js'
+import { buildApp, type SimDeps } from '../../sim/src/app.js'
+import { validateSimConfig } from '../../sim/src/config.js'
+import { SIM_ERROR_CODES } from '../../sim/src/errors.js'
+import type { KvSource } from '../../sim/src/kv-source.js'
+import { oracleText } from '../../sim/src/oracle.js'
+import { renderChat } from '../../sim/src/chat-template.js'
+import { tokenize } from '../../sim/src/tokenizer.js'
+
+const MODEL = 'handoff/sim-1'
+
+interface Built {
+  app: ReturnType<typeof buildApp>
+  logs: Record<string, unknown>[]
+}
+
+function build(t: { teardown(fn: () => unknown): void }, config: Record<string, unknown> = {}, deps: Partial<SimDeps> = {}): Built {
+  const logs: Record<string, unknown>[] = []
+  const sink = new Writable({
+    write(chunk: Buffer, _enc, cb) {
+      for (const line of chunk.toString().split('\n')) if (line) logs.push(JSON.parse(line) as Record<string, unknown>)
+      cb()
+    },
+  })
+  const app = buildApp({ config: validateSimConfig(config), logger: pino({ level: 'info' }, sink), random: seededRandom(42), ...deps })
+  t.teardown(() => app.close())
+  return { app, logs }
+}
+
+/** Text content of an SSE body, plus the parsed frames. */
+function parseSse(body: string): { frames: Record<string, unknown>[]; done: boolean } {
+  const events = body.split('\n\n').filter(Boolean)
+  const done = events.at(-1) === 'data: [DONE]'
+  const frames = events.filter((e) => e !== 'data: [DONE]').map((e) => JSON.parse(e.replace(/^data: /, '')) as Record<string, unknown>)
+  return { frames, done }
+}
+
+type Choice = { text?: string; delta?: { content?: string; role?: string }; finish_reason: string | null }
+
+t.test('non-streamed completions and chat equal the oracle', async (t) => {
+  const { app } = build(t)
+  const r = await app.inject({ method: 'POST', url: '/v1/completions', headers: { 'x-request-id': 'req-1' }, payload: { model: MODEL, prompt: 'Say hi', max_tokens: 7 } })
+  t.equal(r.statusCode, 200)
+  const body = r.json()
+  t.equal(body.id, 'cmpl-req-1')
+  t.equal(body.object, 'text_completion')
+  t.equal(body.choices[0].text, oracleText({ kind: 'completion', prompt: 'Say hi', maxTokens: 7 }))
+  t.equal(body.choices[0].finish_reason, 'length')
+  t.same(body.usage, { prompt_tokens: 2, completion_tokens: 7, total_tokens: 9 })
+  t.equal(body.kv_transfer_params, null)
+
+  const messages = [{ role: 'user', content: 'Hello there' }]
+  const c = await app.inject({ method: 'POST', url: '/v1/chat/completions', payload: { model: MODEL, messages, max_tokens: 30, max_completion_tokens: 5 } })
+  t.equal(c.statusCode, 200)
+  const chat = c.json()
+  t.match(chat.id, /^chatcmpl-[0-9a-f]{32}$/, 'a random uuid hex when no X-Request-Id')
+  t.equal(chat.choices[0].message.role, 'assistant')
+  t.equal(chat.choices[0].message.content, oracleText({ kind: 'chat', messages, maxTokens: 5 }))
+  const d = await app.inject({ method: 'POST', url: '/v1/chat/completions', payload: { model: MODEL, messages } })
+  t.equal(d.json().usage.completion_tokens, 16, 'defaultMaxTokens when absent')
+})
+
+t.test('streamed chat and completions equal the oracle', async (t) => {
+  const { app } = build(t)
+  const messages = [{ role: 'user', content: 'Stream me' }]
+  const r = await app.inject({
+    method: 'POST',
+    url: '/v1/chat/completions',
+    headers: { 'x-request-id': 'abc' },
+    payload: { model: MODEL, messages, max_tokens: 6, stream: true, stream_options: { include_usage: true } },
+  })
+  t.equal(r.statusCode, 200)
+  t.match(r.headers['content-type'], /text\/event-stream/)
+  const { frames, done } = parseSse(r.body)
+  t.ok(done)
+  const choices = frames.map((f) => (f.choices as Choice[])[0])
+  t.same(choices[0]?.delta, { role: 'assistant', content: '' }, 'first chunk carries the role')
+  t.equal(choices.filter(Boolean).length, 1 + 6, 'role chunk + one chunk per token')
+  t.equal(choices.map((c) => c?.delta?.content ?? '').join(''), oracleText({ kind: 'chat', messages, maxTokens: 6 }))
+  t.equal(choices[6]?.finish_reason, 'length')
+  const promptTokens = tokenize(renderChat(messages)).length
+  t.same(frames.at(-1)?.usage, { prompt_tokens: promptTokens, completion_tokens: 6, total_tokens: promptTokens + 6 })
+  t.ok(frames.every((f) => f.id === 'chatcmpl-abc' && f.object === 'chat.completion.chunk'))
+
+  const c = await app.inject({ method: 'POST', url: '/v1/completions', payload: { model: MODEL, prompt: 'abc', max_tokens: 4, stream: true } })
+  const parsed = parseSse(c.body)
+  t.equal(parsed.frames.length, 4, 'no usage chunk unless asked')
+  t.equal(parsed.frames.map((f) => (f.choices as Choice[])[0]?.text).join(''), oracleText({ kind: 'completion', prompt: 'abc', maxTokens: 4 }))
+})
+
+t.test('prefill leg answers with vLLM kv_transfer_params', async (t) => {
+  const { app } = build(t, { role: 'prefill', engineId: 'p-engine', sideChannelHost: '10.0.0.5', sideChannelPort: 5601 })
+  const messages = [{ role: 'user', content: 'A prompt long enough to need two blocks of sixteen tokens each, I hope so.' }]
+  const r = await app.inject({
+    method: 'POST',
+    url: '/v1/chat/completions',
+    headers: { 'x-request-id': 'rid-7' },
+    payload: { model: MODEL, messages, max_tokens: 1, stream: false, kv_transfer_params: { do_remote_decode: true, do_remote_prefill: false, remote_engine_id: null, remote_block_ids: null, remote_host: null, remote_port: null } },
+  })
+  t.equal(r.statusCode, 200)
+  const body = r.json()
+  const kv = body.kv_transfer_params
+  t.match(kv.remote_request_id, /^chatcmpl-rid-7-[0-9a-f]{8}$/)
+  t.same(kv, {
+    do_remote_decode: false,
+    do_remote_prefill: true,
+    remote_engine_id: 'p-engine',
+    remote_block_ids: [[0, 1, 2].slice(0, Math.ceil(body.usage.prompt_tokens / 16))],
+    remote_request_id: kv.remote_request_id,
+    remote_host: '10.0.0.5',
+    remote_port: 5601,
+    tp_size: 1,
+    dcp_size: 1,
+    pp_size: 1,
+    remote_num_tokens: body.usage.prompt_tokens,
+    remote_blocks_expiry_time: null,
+    transfer_mode: 'pull',
+  })
+  t.equal(body.choices[0].message.content, oracleText({ kind: 'chat', messages, maxTokens: 1 }), 'P generates the first token')
+  const info = (await app.inject({ url: '/sim/info' })).json()
+  t.equal(info.usedBlocks, 0, '--kv none frees P blocks at once')
+  // A prefill-only simulator still serves a plain request.
+  const plain = await app.inject({ method: 'POST', url: '/v1/completions', payload: { model: MODEL, prompt: 'plain', max_tokens: 3 } })
+  t.equal(plain.json().choices[0].text, oracleText({ kind: 'completion', prompt: 'plain', maxTokens: 3 }))
+})
+
+t.test('decode leg: P params, invalid params, mismatched prompt', async (t) => {
+  const p = build(t, { role: 'prefill' })
+  const d = build(t, { role: 'decode' })
+  const body = { model: MODEL, prompt: 'The same prompt on both legs', max_tokens: 8 }
+  const pr = await p.app.inject({ method: 'POST', url: '/v1/completions', payload: { ...body, max_tokens: 1, kv_transfer_params: { do_remote_decode: true } } })
+  const params = pr.json().kv_transfer_params
+  const dr = await d.app.inject({ method: 'POST', url: '/v1/completions', payload: { ...body, kv_transfer_params: params } })
+  t.equal(dr.statusCode, 200)
+  t.equal(dr.json().choices[0].text, oracleText({ kind: 'completion', prompt: body.prompt, maxTokens: 8 }))
+  t.equal(dr.json().kv_transfer_params, null)
+  t.match(d.logs.find((l) => l.msg === 'request served'), { mode: 'remote-decode' })
+
+  const bad = await d.app.inject({ method: 'POST', url: '/v1/completions', payload: { ...body, kv_transfer_params: { ...params, remote_block_ids: [] } } })
+  t.equal(bad.statusCode, 200, 'invalid params: served with local prefill, like vLLM')
+  t.equal(bad.json().choices[0].text, oracleText({ kind: 'completion', prompt: body.prompt, maxTokens: 8 }))
+  t.match(d.logs.find((l) => l.msg === 'Got invalid KVTransferParams'), { missing: 'remote_block_ids' })
+
+  const mismatch = await d.app.inject({ method: 'POST', url: '/v1/completions', payload: { ...body, prompt: 'A different prompt', kv_transfer_params: params } })
+  t.equal(mismatch.statusCode, 400)
+  t.match(mismatch.json(), { error: { type: 'BadRequestError', code: 'SIM_ERR_NUM_TOKENS_MISMATCH', param: null } })
+
+  // do_remote_decode sent to a decoder: served locally, no params (router misconfiguration).
+  const wrong = await d.app.inject({ method: 'POST', url: '/v1/completions', payload: { ...body, kv_transfer_params: { do_remote_decode: true } } })
+  t.equal(wrong.json().kv_transfer_params, null)
+})
+
+t.test('bad requests get OpenAI error bodies', async (t) => {
+  const { app } = build(t, { maxModelLen: 20 })
+  const cases: [object | string, number, string][] = [
+    [{ model: 'other', prompt: 'x' }, 404, 'SIM_ERR_MODEL_NOT_FOUND'],
+    [{ model: MODEL }, 400, 'SIM_ERR_BAD_REQUEST'],
+    [{ model: MODEL, prompt: 'x', max_tokens: 'many' }, 400, 'SIM_ERR_BAD_REQUEST'],
+    [{ model: MODEL, prompt: 'a b c d e f g h i j k l m n o p q r s t u v' }, 400, 'SIM_ERR_PROMPT_TOO_LONG'],
+    [{ model: MODEL, prompt: 'a', max_tokens: 20 }, 400, 'SIM_ERR_MAX_TOKENS_TOO_LARGE'],
+    [{ model: MODEL, prompt: ['a', 'b'] }, 400, 'SIM_ERR_UNSUPPORTED_PROMPT'],
+    ['{not json', 400, 'FST_ERR_CTP_INVALID_JSON_BODY'],
+  ]
+  for (const [payload, status, code] of cases) {
+    const r = await app.inject({ method: 'POST', url: '/v1/completions', headers: { 'content-type': 'application/json' }, payload })
+    t.equal(r.statusCode, status, code)
+    t.match(r.json(), { error: { message: String, type: String, param: null, code } })
+  }
+  const nf = await app.inject({ method: 'POST', url: '/v1/nothing', payload: {} })
+  t.equal(nf.statusCode, 404)
+  t.equal(nf.json().error.code, 'SIM_ERR_NOT_FOUND')
+  const model404 = await app.inject({ method: 'POST', url: '/v1/chat/completions', payload: { model: 'x', messages: [{ role: 'user', content: 'a' }] } })
+  t.equal(model404.json().error.message, 'The model `x` does not exist.')
+  t.ok(SIM_ERROR_CODES.includes(model404.json().error.code))
+})
+
+t.test('health, models, metrics, request log', async (t) => {
+  const { app } = build(t, { model: 'm-1' })
+  const h = await app.inject({ url: '/health' })
+  t.equal(h.statusCode, 200)
+  t.equal(h.body, '')
+  const models = (await app.inject({ url: '/v1/models' })).json()
+  t.match(models, { object: 'list', data: [{ id: 'm-1', object: 'model' }] })
+  await app.inject({ method: 'POST', url: '/v1/completions', headers: { 'x-request-id': 'seen' }, payload: { model: 'm-1', prompt: 'count me', max_tokens: 2 } })
+  const m = (await app.inject({ url: '/metrics' })).body
+  for (const name of [
+    'vllm:num_requests_running',
+    'vllm:num_requests_waiting',
+    'vllm:kv_cache_usage_perc',
+    'vllm:request_success_total',
+    'vllm:prompt_tokens_total',
+    'vllm:generation_tokens_total',
+    'vllm:time_to_first_token_seconds',
+    'vllm:nixl_num_kv_expired_reqs_total',
+    'vllm:nixl_num_failed_transfers_total',
+  ]) {
+    t.match(m, `# TYPE ${name} `, name)
+  }
+  t.match(m, 'vllm:request_success_total{model_name="m-1",engine="0",finished_reason="length"} 1')
+  t.match(m, 'vllm:generation_tokens_total{model_name="m-1",engine="0"} 2')
+  t.match(m, 'vllm:num_requests_running{model_name="m-1",engine="0"} 0')
+  const log = (await app.inject({ url: '/sim/requests' })).json().requests
+  t.same(
+    log.map((l: { path: string }) => l.path),
+    ['/v1/models', '/v1/completions'],
+    'health, metrics and /sim are not recorded',
+  )
+  t.match(log[1], { method: 'POST', path: '/v1/completions', headers: { 'x-request-id': 'seen' }, body: { prompt: 'count me' } })
+  t.equal((await app.inject({ method: 'POST', url: '/sim/requests/clear' })).statusCode, 204)
+  t.same((await app.inject({ url: '/sim/requests' })).json().requests, [])
+})
+
+t.test('faults at run time', async (t) => {
+  const exits: number[] = []
+  const { app } = build(t, {}, { exit: (code) => exits.push(code) })
+  const req = { method: 'POST' as const, url: '/v1/completions', payload: { model: MODEL, prompt: 'x', max_tokens: 2 } }
+  t.equal((await app.inject({ method: 'POST', url: '/sim/faults', payload: { nope: 1 } })).statusCode, 400, 'unknown fault rejected')
+  t.equal((await app.inject({ method: 'POST', url: '/sim/faults', payload: { errorRate: 2 } })).statusCode, 400)
+
+  await app.inject({ method: 'POST', url: '/sim/faults', payload: { errorRate: 1 } })
+  const e = await app.inject(req)
+  t.equal(e.statusCode, 500)
+  t.match(e.json(), { error: { code: 'SIM_ERR_INJECTED', type: 'InternalServerError' } })
+
+  await app.inject({ method: 'POST', url: '/sim/faults', payload: { errorRate: 0, garbageRate: 1 } })
+  const g = await app.inject(req)
+  t.equal(g.statusCode, 200)
+  t.throws(() => JSON.parse(g.body))
+
+  await app.inject({ method: 'POST', url: '/sim/faults', payload: { garbageRate: 0, stallRate: 1, stallMs: 40 } })
+  const t0 = performance.now()
+  const s = await app.inject(req)
+  t.ok(performance.now() - t0 >= 35, 'stalled')
+  t.equal(s.statusCode, 200, 'answers after the stall')
+
+  await app.inject({ method: 'POST', url: '/sim/faults', payload: { stallRate: 0, unhealthy: true } })
+  t.equal((await app.inject({ url: '/health' })).statusCode, 503)
+  const faults = (await app.inject({ method: 'POST', url: '/sim/faults', payload: { unhealthy: false, crashAfter: 2 } })).json()
+  t.match(faults, { unhealthy: false, crashAfter: 2, stallMs: 40 })
+  t.equal((await app.inject(req)).statusCode, 200)
+  await app.inject(req).catch(() => undefined)
+  t.same(exits, [1], 'crashAfter exits on the Nth request')
+  t.same((await app.inject({ url: '/sim/faults' })).json().crashAfter, 2)
+})
+
+t.test('disconnect fault and decode delays over a real socket', async (t) => {
+  const { app } = build(t, { decodeDelayMs: 5 })
+  const url = await app.listen({ host: '127.0.0.1', port: 0 })
+  const post = (body: object): Promise<Response> =>
+    fetch(`${url}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body), signal: AbortSignal.timeout(5000) })
+
+  const t0 = performance.now()
+  const ok = await post({ model: MODEL, prompt: 'slow', max_tokens: 5, stream: true })
+  const text = await ok.text()
+  t.ok(performance.now() - t0 >= 18, 'four decode steps of 5 ms')
+  t.equal(parseSse(text).frames.map((f) => (f.choices as Choice[])[0]?.text).join(''), oracleText({ kind: 'completion', prompt: 'slow', maxTokens: 5 }))
+
+  await app.inject({ method: 'POST', url: '/sim/faults', payload: { disconnectRate: 1 } })
+  const streamed = await post({ model: MODEL, prompt: 'cut', max_tokens: 5, stream: true })
+  t.equal(streamed.status, 200)
+  await t.rejects(streamed.text(), 'stream cut after the first chunk')
+  const plain = await post({ model: MODEL, prompt: 'cut', max_tokens: 5 })
+  t.equal(plain.status, 200)
+  await t.rejects(plain.text(), 'body cut after the headers')
+  await app.inject({ method: 'POST', url: '/sim/faults', payload: { disconnectRate: 0 } })
+  const m = (await app.inject({ url: '/metrics' })).body
+  t.match(m, 'vllm:num_requests_running{model_name="handoff/sim-1",engine="0"} 0', 'cut requests are not left running')
+})
+
+t.test('client abort during a stall frees the request; close ends stalls', async (t) => {
+  const { app } = build(t, { faults: { stallRate: 1, stallMs: 60_000 } } as Partial<SimConfig>)
+  const url = await app.listen({ host: '127.0.0.1', port: 0 })
+  const pending = fetch(`${url}/v1/completions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ model: MODEL, prompt: 'x' }),
+  })
+  await new Promise((r) => setTimeout(r, 50))
+  const t0 = performance.now()
+  await app.close()
+  t.ok(performance.now() - t0 < 2000, 'close does not wait for the stall')
+  const res = await pending.catch((err: unknown) => err)
+  if (res instanceof Response) t.equal(res.status, 503)
+  else t.pass('connection closed')
+})
+
+t.test('--kv agent: the KvSource seam, leases and a read after expiry', async (t) => {
+  t.throws(() => buildApp({ config: validateSimConfig({ kv: 'agent' }), logger: pino({ level: 'silent' }) }), { code: 'SIM_ERR_KV_MODE_UNSUPPORTED' })
+
+  // An in-process stand-in for the transfer agent: copies P's block bytes into D's blocks.
+  const pMemory = new Uint8Array(64 * 16 * 64)
+  const blockBytes = 16 * 64
+  const source: KvSource = {
+    async pull(remote, region, localBlocks, numTokens) {
+      const ids = (remote.remoteBlockIds[0] as number[]).slice(0, region.blocksFor(numTokens))
+      ids.forEach((id, i) => region.bytes.set(pMemory.subarray(id * blockBytes, (id + 1) * blockBytes), (localBlocks[i] as number) * blockBytes))
+    },
+  }
+  const clock = new ManualClock()
+  const p = build(t, { role: 'prefill', kv: 'agent', numBlocks: 64, leaseSeconds: 5 }, { kvMemory: pMemory, kvSource: source, clock })
+  const d = build(t, { role: 'decode', kv: 'agent', numBlocks: 64 }, { kvSource: source })
+  const body = { model: MODEL, prompt: 'a prompt whose KV really moves between the two engines', max_tokens: 6 }
+  const want = oracleText({ kind: 'completion', prompt: body.prompt, maxTokens: 6 })
+
+  const pr = (await p.app.inject({ method: 'POST', url: '/v1/completions', payload: { ...body, max_tokens: 1, kv_transfer_params: { do_remote_decode: true } } })).json()
+  t.equal(pr.kv_transfer_params.remote_blocks_expiry_time, (clock.now() + 5000) / 1000, 'agent mode exports the lease deadline')
+  t.equal((await p.app.inject({ url: '/sim/info' })).json().leases, 1)
+  const dr = await d.app.inject({ method: 'POST', url: '/v1/completions', payload: { ...body, kv_transfer_params: pr.kv_transfer_params } })
+  t.equal(dr.json().choices[0].text, want, 'a timely read gives the oracle text')
+
+  // The lease expires, another request reuses the blocks (LIFO), and a late read is wrong.
+  clock.advance(6000)
+  t.equal((await p.app.inject({ url: '/sim/info' })).json().leases, 0)
+  t.match((await p.app.inject({ url: '/metrics' })).body, 'vllm:nixl_num_kv_expired_reqs_total{model_name="handoff/sim-1",engine="0"} 1')
+  const other = (await p.app.inject({ method: 'POST', url: '/v1/completions', payload: { ...body, prompt: 'someone else entirely, with different words', max_tokens: 1, kv_transfer_params: { do_remote_decode: true } } })).json()
+  t.same(other.kv_transfer_params.remote_block_ids, pr.kv_transfer_params.remote_block_ids, 'same blocks reused')
+  const late = await d.app.inject({ method: 'POST', url: '/v1/completions', payload: { ...body, kv_transfer_params: pr.kv_transfer_params } })
+  t.equal(late.statusCode, 200, 'silent, as in vLLM')
+  t.not(late.json().choices[0].text, want, 'stale bytes give wrong text')
+
+  const failing = build(t, { role: 'decode', kv: 'agent' }, { kvSource: { pull: async () => Promise.reject(new Error('transfer failed')) } })
+  const f = await failing.app.inject({ method: 'POST', url: '/v1/completions', payload: { ...body, kv_transfer_params: pr.kv_transfer_params } })
+  t.equal(f.statusCode, 500)
+  t.match((await failing.app.inject({ url: '/metrics' })).body, 'vllm:nixl_num_failed_transfers_total{model_name="handoff/sim-1",engine="0"} 1')
+})

@@ -99,7 +99,16 @@ export function parseSimArgs(argv: readonly string[]): Readonly<SimConfig> | 'he
     ;(f.inFaults ? faults : raw)[f.key] = parsed
   }
   raw.faults = faults
-  return validateSimConfig(raw)
+  try {
+    return validateSimConfig(raw)
+  } catch (err) {
+    // Name the flag, not the schema path: "/faults/errorRate must be <= 1" → "--error-rate must be <= 1".
+    const e = err as Error
+    const message = e.message.replace(/\/(?:faults\/)?([A-Za-z]+)/g, (m, key: string) =>
+      FLAGS.some((f) => f.key === key) ? `--${kebab(key)}` : m,
+    )
+    throw new SimInvalidConfigError(message.replace(/^Invalid simulator configuration: /, ''))
+  }
 }
 
 /** Validates (filling defaults) and freezes a config object. */

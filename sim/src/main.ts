@@ -12,7 +12,8 @@ export async function main(argv: string[]): Promise<void> {
   try {
     config = parseSimArgs(argv)
   } catch (err) {
-    process.stderr.write(`handoff sim: ${(err as Error).message}\n\n${usage()}`)
+    const e = err as { code?: string; message: string }
+    process.stderr.write(`handoff sim: ${e.code ?? 'error'}: ${e.message}\n\nRun \`handoff sim --help\` for the options.\n`)
     process.exitCode = 2
     return
   }

@@ -1,0 +1,66 @@
+import { Writable } from 'node:stream'
+import t from 'tap'
+import { parseSimArgs, usage } from '../../sim/src/config.js'
+import { oracleMain } from '../../sim/src/oracle-cli.js'
+import { oracleText } from '../../sim/src/oracle.js'
+
+function capture(): { out: Writable; text: () => string } {
+  let buf = ''
+  const out = new Writable({
+    write(chunk: Buffer, _enc, cb) {
+      buf += chunk.toString()
+      cb()
+    },
+  })
+  return { out, text: () => buf }
+}
+
+t.test('flags map onto SimConfig', async (t) => {
+  const c = parseSimArgs([
+    '--role', 'decode', '--port', '8100', '--engine-id', 'e1', '--lease-seconds', '5', '--bytes-per-token', '32',
+    '--error-rate', '0.5', '--stall-ms', '10', '--crash-after', '3', '--unhealthy', '--seed', '9',
+  ])
+  t.not(c, 'help')
+  if (c === 'help') return
+  t.match(c, { role: 'decode', port: 8100, engineId: 'e1', leaseSeconds: 5, bytesPerToken: 32, seed: 9, kv: 'none' })
+  t.match(c.faults, { errorRate: 0.5, stallMs: 10, crashAfter: 3, unhealthy: true, garbageRate: 0 })
+  t.equal(parseSimArgs(['--help']), 'help')
+  t.throws(() => parseSimArgs(['--port', 'abc']), { code: 'SIM_ERR_INVALID_CONFIG', message: /--port must be integer/ })
+  t.throws(() => parseSimArgs(['--role', 'x']), { message: /--role/ })
+  t.throws(() => parseSimArgs(['--nope']), { code: 'SIM_ERR_INVALID_CONFIG', message: /Unknown option/ })
+  t.throws(() => parseSimArgs(['extra']), { code: 'SIM_ERR_INVALID_CONFIG' })
+  const u = usage()
+  for (const flag of ['--role', '--kv', '--block-size', '--num-blocks', '--max-model-len', '--default-max-tokens', '--prefill-delay-ms',
+    '--decode-delay-ms', '--side-channel-host', '--side-channel-port', '--error-rate', '--stall-rate', '--stall-ms', '--crash-after',
+    '--garbage-rate', '--disconnect-rate', '--unhealthy', '--seed', '--log-level', '--body-limit']) {
+    t.match(u, flag)
+  }
+})
+
+t.test('oracle CLI in process', async (t) => {
+  const a = capture()
+  await oracleMain(['--max-tokens', '3', '--prompt', 'Hi there'], a.out)
+  t.equal(a.text(), oracleText({ kind: 'completion', prompt: 'Hi there', maxTokens: 3 }))
+  const h = capture()
+  await oracleMain(['--help'], h.out)
+  t.match(h.text(), /no trailing newline/)
+  const d = capture()
+  await oracleMain(['--prompt', 'x'], d.out)
+  t.equal(d.text().split(' ').length - 1, 16, 'default 16 tokens')
+
+  const saved = process.exitCode
+  const write = process.stderr.write.bind(process.stderr)
+  const errors: string[] = []
+  process.stderr.write = ((s: string) => errors.push(String(s)) > 0) as typeof process.stderr.write
+  try {
+    for (const args of [['--max-tokens', '0', '--prompt', 'a'], ['--prompt', 'a', '--messages', '[]'], ['--messages', '[1]'], ['--messages', '{bad']]) {
+      process.exitCode = 0
+      await oracleMain(args, capture().out)
+      t.equal(process.exitCode, 2, args.join(' '))
+    }
+  } finally {
+    process.stderr.write = write
+    process.exitCode = saved
+  }
+  t.match(errors.join(''), /--max-tokens must be a positive integer/)
+})

@@ -1,0 +1,65 @@
+import { spawnSync } from 'node:child_process'
+import t from 'tap'
+import { cliEntry } from '../../common/paths.js'
+import { spawnService } from '../../common/spawn.js'
+import { oracleText } from '../../sim/src/oracle.js'
+
+/*
+ * The real `handoff sim` process over loopback (needs `npm run build`): flags, readiness,
+ * a P leg and a D leg between two processes, the oracle CLI, bad flags, SIGTERM.
+ */
+
+const MODEL = 'handoff/sim-1'
+
+t.test('two sim processes serve a P/D request with the oracle text', async (t) => {
+  const p = await spawnService({ args: ['sim', '--role', 'prefill', '--port', '0', '--engine-id', 'p-1', '--seed', '1'], readyTimeoutMs: 15000 })
+  t.teardown(() => p.stop())
+  const d = await spawnService({ args: ['sim', '--role', 'decode', '--port', '0', '--decode-delay-ms', '1'], readyTimeoutMs: 15000 })
+  t.teardown(() => d.stop())
+  const post = async (url: string, body: object, rid: string): Promise<Response> =>
+    fetch(`${url}/v1/chat/completions`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json', 'x-request-id': rid },
+      body: JSON.stringify(body),
+      signal: AbortSignal.timeout(10000),
+    })
+  const messages = [{ role: 'user', content: 'Across two processes' }]
+  const pr = (await (await post(p.url, { model: MODEL, messages, max_tokens: 1, stream: false, kv_transfer_params: { do_remote_decode: true } }, 'x1')).json()) as {
+    kv_transfer_params: Record<string, unknown>
+  }
+  t.equal(pr.kv_transfer_params.remote_engine_id, 'p-1')
+  const dr = await post(d.url, { model: MODEL, messages, max_tokens: 5, stream: true, kv_transfer_params: pr.kv_transfer_params }, 'x1')
+  const text = (await dr.text())
+    .split('\n\n')
+    .filter((e) => e.startsWith('data: {'))
+    .map((e) => (JSON.parse(e.slice(6)) as { choices: { delta?: { content?: string } }[] }).choices[0]?.delta?.content ?? '')
+    .join('')
+  t.equal(text, oracleText({ kind: 'chat', messages, maxTokens: 5 }))
+  const health = await fetch(`${d.url}/health`)
+  t.equal(health.status, 200)
+  t.match(d.output(), /"reqId":"x1"/, 'JSON logs carry the request id')
+  t.equal(await d.stop(), 0, 'SIGTERM exits cleanly')
+})
+
+t.test('oracle CLI prints exactly the text', async (t) => {
+  const run = (args: string[]) => spawnSync(process.execPath, [cliEntry, 'sim', 'oracle', ...args], { encoding: 'utf8', timeout: 10000 })
+  const c = run(['--max-tokens', '4', '--prompt', 'Hello'])
+  t.equal(c.status, 0)
+  t.equal(c.stdout, oracleText({ kind: 'completion', prompt: 'Hello', maxTokens: 4 }), 'no trailing newline')
+  const messages = [{ role: 'user', content: 'Hi' }]
+  const m = run(['--max-tokens', '3', '--messages', JSON.stringify(messages), '--model', 'ignored'])
+  t.equal(m.stdout, oracleText({ kind: 'chat', messages, maxTokens: 3 }))
+})
+
+t.test('bad flags exit 2 with a clear message', async (t) => {
+  const run = (args: string[]) => spawnSync(process.execPath, [cliEntry, 'sim', ...args], { encoding: 'utf8', timeout: 10000 })
+  const bad = run(['--error-rate', '3'])
+  t.equal(bad.status, 2)
+  t.match(bad.stderr, /SIM_ERR_INVALID_CONFIG: .*--error-rate must be <= 1/)
+  const unknown = run(['--bogus'])
+  t.equal(unknown.status, 2)
+  t.match(unknown.stderr, /Unknown option '--bogus'/)
+  const agent = run(['--kv', 'agent'])
+  t.equal(agent.status, 2)
+  t.match(agent.stderr, /SIM_ERR_KV_MODE_UNSUPPORTED/)
+})

@@ -141,6 +141,11 @@ export async function buildApp(deps: RouterDeps): Promise<FastifyInstance> {
     }
     reply.header('x-request-id', req.id)
   })
+  // server.close() waits for every connection; one that turns idle after the close started
+  // (a stream that just finished) would hold shutdown until its keep-alive timeout.
+  app.addHook('onResponse', async () => {
+    if (closing) setImmediate(() => app.server.closeIdleConnections())
+  })
   app.addHook('onReady', async () => {
     if (deps.probe === false) return
     // One round before serving, so /v1/models and health are known from the first request.

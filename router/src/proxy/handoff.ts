@@ -225,6 +225,7 @@ export class HandoffProxy {
       }, (ok) => {
         releaseOnce()
         if (ok) registry.recordSuccess(d.id)
+        else if (signal.aborted) req.log.info('client went away; upstream work aborted')
         onStreamEnd()
       })
       released = true // the relay's end callback owns the release now

@@ -1,0 +1,55 @@
+import { spawn } from 'node:child_process'
+import { once } from 'node:events'
+import t from 'tap'
+import { cliEntry } from '../../common/paths.js'
+import { oracleForBody } from '../../sim/src/oracle.js'
+import { get, post, streamedText, waitFor } from '../helpers/cluster.js'
+
+function alive(pid: number): boolean {
+  try {
+    process.kill(pid, 0)
+    return true
+  } catch {
+    return false
+  }
+}
+
+t.test('handoff up serves oracle text through the router and stops every child on SIGTERM', async (t) => {
+  const up = spawn(process.execPath, [cliEntry, 'up', '--prefill', '1', '--decode', '1', '--port', '0'], { stdio: ['ignore', 'pipe', 'pipe'] })
+  t.teardown(() => {
+    if (up.exitCode === null) up.kill('SIGKILL')
+  })
+  let out = ''
+  up.stdout.on('data', (c: Buffer) => (out += c.toString()))
+  up.stderr.on('data', (c: Buffer) => (out += c.toString()))
+  t.ok(await waitFor(() => /handoff ready http:\/\/127\.0\.0\.1:\d+\n/.test(out), 20000), 'ready line printed')
+  const url = /handoff ready (\S+)/.exec(out)?.[1] as string
+
+  const chat = { model: 'handoff/sim-1', messages: [{ role: 'user', content: 'What is P/D?' }], max_tokens: 10 }
+  const c = await post(`${url}/v1/chat/completions`, chat)
+  t.equal(c.json<{ choices: { message: { content: string } }[] }>().choices[0]?.message.content, oracleForBody('/v1/chat/completions', chat))
+  const s = await post(`${url}/v1/chat/completions`, { ...chat, stream: true })
+  t.equal(streamedText(s.text), oracleForBody('/v1/chat/completions', chat))
+  const completion = { model: 'handoff/sim-1', prompt: 'Once upon a time', max_tokens: 7 }
+  const x = await post(`${url}/v1/completions`, completion)
+  t.equal(x.json<{ choices: { text: string }[] }>().choices[0]?.text, oracleForBody('/v1/completions', completion))
+  t.equal((await get(`${url}/ready`)).status, 200)
+
+  // Every child of `up` is a handoff process; collect their pids before stopping.
+  const { execFileSync } = await import('node:child_process')
+  const pids = execFileSync('pgrep', ['-P', String(up.pid)]).toString().trim().split('\n').map(Number)
+  t.equal(pids.length, 3, 'two simulators and a router')
+  up.kill('SIGTERM')
+  const [code] = (await once(up, 'exit')) as [number | null]
+  t.equal(code, 0)
+  t.ok(await waitFor(() => pids.every((pid) => !alive(pid)), 5000), 'no child left behind')
+})
+
+t.test('handoff up rejects bad flags clearly', async (t) => {
+  const run = spawn(process.execPath, [cliEntry, 'up', '--decode', '0'], { stdio: ['ignore', 'pipe', 'pipe'] })
+  let err = ''
+  run.stderr.on('data', (c: Buffer) => (err += c.toString()))
+  const [code] = (await once(run, 'exit')) as [number | null]
+  t.equal(code, 1)
+  t.match(err, /at least one --decode or --both/)
+})

@@ -15,7 +15,7 @@ export const SimConfig = Type.Object(
     blockSize: Type.Integer({ minimum: 1, maximum: 1024, default: 16 }),
     numBlocks: Type.Integer({ minimum: 1, default: 16384 }),
     // A multiple of 8 so each position's bytes are whole 32-bit words (sim/src/kv-bytes.ts).
-    bytesPerToken: Type.Integer({ minimum: 8, maximum: 65536, multipleOf: 8, default: 64 }),
+    bytesPerToken: Type.Integer({ minimum: 8, maximum: 65536, multipleOf: 8, default: 32 }),
     maxModelLen: Type.Integer({ minimum: 1, default: 131072 }),
     defaultMaxTokens: Type.Integer({ minimum: 1, default: 16 }),
     prefillDelayMs: Type.Number({ minimum: 0, default: 0 }),

@@ -1,11 +1,15 @@
 import type { ChatMessage } from '../../schemas/openai.js'
+import { SimConfig } from '../../schemas/sim-config.js'
 import { detokenize, generateTokens, kvDigest } from './generator.js'
 import { writePromptKv } from './kv-bytes.js'
 import { KvRegion } from './kv-region.js'
 import { promptTokens, resolveMaxTokens, type PromptSpec } from './prompt.js'
 
-/** Defaults a simulator starts with; the oracle must use the same bytesPerToken as the cluster. */
-export const ORACLE_DEFAULTS = Object.freeze({ bytesPerToken: 64, defaultMaxTokens: 16 })
+/** The simulator's own defaults, read from its schema so the oracle can never drift from them. */
+export const ORACLE_DEFAULTS = Object.freeze({
+  bytesPerToken: (SimConfig.properties.bytesPerToken as unknown as { default: number }).default,
+  defaultMaxTokens: (SimConfig.properties.defaultMaxTokens as unknown as { default: number }).default,
+})
 
 export type OracleInput =
   | { kind: 'chat'; messages: readonly ChatMessage[]; maxTokens?: number | null; maxCompletionTokens?: number | null }

@@ -293,8 +293,8 @@ t.test('--kv agent: the KvSource seam, leases and a read after expiry', async (t
   t.throws(() => buildApp({ config: validateSimConfig({ kv: 'agent' }), logger: pino({ level: 'silent' }) }), { code: 'SIM_ERR_KV_MODE_UNSUPPORTED' })
 
   // An in-process stand-in for the transfer agent: copies P's block bytes into D's blocks.
-  const pMemory = new Uint8Array(64 * 16 * 64)
-  const blockBytes = 16 * 64
+  const pMemory = new Uint8Array(64 * 16 * 32)
+  const blockBytes = 16 * 32
   const source: KvSource = {
     async pull(remote, region, localBlocks, numTokens) {
       const ids = (remote.remoteBlockIds[0] as number[]).slice(0, region.blocksFor(numTokens))

@@ -17,12 +17,12 @@ function capture(): { out: Writable; text: () => string } {
 
 t.test('flags map onto SimConfig', async (t) => {
   const c = parseSimArgs([
-    '--role', 'decode', '--port', '8100', '--engine-id', 'e1', '--lease-seconds', '5', '--bytes-per-token', '32',
+    '--role', 'decode', '--port', '8100', '--engine-id', 'e1', '--lease-seconds', '5', '--bytes-per-token', '64',
     '--error-rate', '0.5', '--stall-ms', '10', '--crash-after', '3', '--unhealthy', '--seed', '9',
   ])
   t.not(c, 'help')
   if (c === 'help') return
-  t.match(c, { role: 'decode', port: 8100, engineId: 'e1', leaseSeconds: 5, bytesPerToken: 32, seed: 9, kv: 'none' })
+  t.match(c, { role: 'decode', port: 8100, engineId: 'e1', leaseSeconds: 5, bytesPerToken: 64, seed: 9, kv: 'none' })
   t.match(c.faults, { errorRate: 0.5, stallMs: 10, crashAfter: 3, unhealthy: true, garbageRate: 0 })
   t.equal(parseSimArgs(['--help']), 'help')
   t.throws(() => parseSimArgs(['--port', 'abc']), { code: 'SIM_ERR_INVALID_CONFIG', message: /--port must be integer/ })

@@ -134,7 +134,7 @@ t.test('oracle', async (t) => {
   t.equal(a.split(' ').length - 1, 5)
   t.equal(oracleText({ kind: 'completion', prompt: 'Hello', maxTokens: 3 }), a.split(' ').slice(0, 4).join(' '), 'shorter output is a prefix')
   t.not(oracleText({ kind: 'completion', prompt: 'Hello!', maxTokens: 5 }), a)
-  t.not(oracleText({ kind: 'completion', prompt: 'Hello', maxTokens: 5 }, { bytesPerToken: 32 }), a, 'depends on bytesPerToken')
+  t.not(oracleText({ kind: 'completion', prompt: 'Hello', maxTokens: 5 }, { bytesPerToken: 64 }), a, 'depends on bytesPerToken')
   t.equal(oracleText({ kind: 'completion', prompt: 'Hello' }).split(' ').length - 1, 16, 'default max tokens 16')
   t.equal(oracleText({ kind: 'completion', prompt: [...tokenize('Hello')], maxTokens: 5 }), a, 'token ids prompt')
   const messages = [{ role: 'user', content: 'Hi' }]

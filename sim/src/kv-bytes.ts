@@ -30,15 +30,22 @@ export function writePromptKv(region: KvRegion, blockIds: readonly number[], tok
   const words = region.words
   const wordsPerToken = region.bytesPerToken / 4
   const blockWords = region.blockBytes / 4
+  const blockSize = region.blockSize
+  if (blockIds.length * blockSize < tokens.length) throw new RangeError(`${blockIds.length} blocks cannot hold ${tokens.length} positions`)
   let a = 0x6a09e667
   let b = 0xbb67ae85
+  let blockIndex = 0
+  let slot = 0
+  let w = (blockIds[0] ?? 0) * blockWords
   for (let i = 0; i < tokens.length; i++) {
     const t = tokens[i] as number
     a = fmix((a ^ t) + Math.imul(i, GOLDEN))
     b = fmix(b + Math.imul(t ^ a, 0x27d4eb2f) + i)
-    const block = blockIds[Math.floor(i / region.blockSize)]
-    if (block === undefined) throw new RangeError(`no block for position ${i}`)
-    let w = block * blockWords + (i % region.blockSize) * wordsPerToken
+    if (slot === blockSize) {
+      slot = 0
+      w = (blockIds[++blockIndex] as number) * blockWords
+    }
+    slot++
     // xorshift32 must not start at 0; `| 1` keeps the seed odd.
     let s = (a ^ Math.imul(i + 1, GOLDEN)) | 1
     for (let k = 0; k < wordsPerToken; k++) {

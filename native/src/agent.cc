@@ -136,6 +136,11 @@ void DispatchEvent(Napi::Env env, Napi::Function on_notification, Bridge* bridge
                         Napi::Buffer<char>::Copy(env, event->message.data(), event->message.size())});
 }
 
+void FinalizeBridge(Napi::Env, void*, Bridge* bridge) {
+  if (bridge->owner != nullptr) bridge->owner->bridge_ = nullptr;
+  delete bridge;
+}
+
 Napi::Function NativeAgent::Init(Napi::Env env) {
   return DefineClass(env, "NativeAgent",
                      {
@@ -160,9 +165,9 @@ Napi::Function NativeAgent::Init(Napi::Env env) {
 NativeAgent::NativeAgent(const Napi::CallbackInfo& info) : Napi::ObjectWrap<NativeAgent>(info) {
   Napi::Env env = info.Env();
   if (info.Length() < 1 || !info[0].IsFunction()) throw ArgError(env, "onNotification must be a function");
-  auto* bridge = new Bridge{this};
-  tsfn_ = EventTsfn::New(env, info[0].As<Napi::Function>(), "handoff-nixl-events", 0, 1, bridge,
-                         [](Napi::Env, void*, Bridge* b) { delete b; });
+  bridge_ = new Bridge{this};
+  tsfn_ = EventTsfn::New(env, info[0].As<Napi::Function>(), "handoff-nixl-events", 0, 1, bridge_,
+                         FinalizeBridge, static_cast<void*>(nullptr));
   // Unreferenced until a read is pending: an idle agent must not keep the process alive.
   tsfn_.Unref(env);
 }
@@ -172,8 +177,7 @@ NativeAgent::~NativeAgent() {
   // read holds a strong reference) and no one-shot worker is running (each holds one too).
   closed_ = true;
   Shutdown();
-  Bridge* bridge = tsfn_.GetContext();
-  if (bridge != nullptr) bridge->owner = nullptr;
+  if (bridge_ != nullptr) bridge_->owner = nullptr;
   if (!tsfn_released_) {
     tsfn_.Release();
     tsfn_released_ = true;

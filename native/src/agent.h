@@ -52,6 +52,7 @@ struct Bridge {
 };
 
 void DispatchEvent(Napi::Env env, Napi::Function on_notification, Bridge* bridge, Event* event);
+void FinalizeBridge(Napi::Env env, void* unused, Bridge* bridge);
 using EventTsfn = Napi::TypedThreadSafeFunction<Bridge, Event, DispatchEvent>;
 
 // A READ from submission to settlement. Descriptor arrays are (addr, len, devId) triples.
@@ -117,6 +118,11 @@ class NativeAgent : public Napi::ObjectWrap<NativeAgent> {
 
   EventTsfn tsfn_;
   bool tsfn_released_ = false;  // JS thread only
+  // Cleared by the function's finalizer, which may run before or after this object dies;
+  // whichever goes first unhooks itself from the other. JS thread only.
+  Bridge* bridge_ = nullptr;
+
+  friend void FinalizeBridge(Napi::Env env, void* unused, Bridge* bridge);
   uint32_t pending_reads_ = 0;  // JS thread only: promises not yet settled
 
   std::atomic<bool> closed_{false};

@@ -1,0 +1,130 @@
+// Shared setup for the native tests: NIXL availability (skip locally, fail under CI) and the
+// target child process.
+import { fork, type ChildProcess } from 'node:child_process'
+import { once } from 'node:events'
+import { join } from 'node:path'
+import { packageRoot } from '../../common/paths.js'
+import { createAgent, loadNixl, type NixlAgent, type NixlInfo } from '../../native/index.js'
+
+export const ci = process.env.CI === 'true' || process.env.CI === '1'
+
+export type NixlProbe = { ok: true; info: NixlInfo } | { ok: false; reason: string }
+
+/** Loads NIXL once per test process, as the transfer agent would. */
+export async function probeNixl(): Promise<NixlProbe> {
+  try {
+    const info = await loadNixl({ libDir: process.env.NIXL_LIB_DIR })
+    return { ok: true, info }
+  } catch (err) {
+    const e = err as { code?: string; message?: string }
+    return { ok: false, reason: `NIXL not available: ${e.code ?? ''} ${e.message ?? String(err)}` }
+  }
+}
+
+interface TapLike {
+  fail(message: string): void
+  comment(message: string): void
+}
+
+/**
+ * tap's `skip` option for tests that need NIXL: the reason on a developer machine, false when
+ * NIXL is there. Under CI a missing NIXL is a failure, never a skip.
+ */
+export function needNixl(t: TapLike, probe: NixlProbe): string | false {
+  if (probe.ok) return false
+  if (ci) {
+    t.fail(`${probe.reason} (CI=true requires real NIXL)`)
+    return false
+  }
+  return probe.reason
+}
+
+export function describeNixl(info: NixlInfo): string {
+  return `NIXL ${info.version ?? 'version unknown'} (${info.variant ?? 'unknown variant'}) loaded from ${info.path} [${info.source}]`
+}
+
+export interface Target {
+  readonly child: ChildProcess
+  readonly name: string
+  call<T = Record<string, unknown>>(body: Record<string, unknown>, timeoutMs?: number): Promise<T>
+  kill(): Promise<void>
+}
+
+const fixture = join(packageRoot, 'test', 'native', 'fixtures', 'target.ts')
+let reqIds = 1
+
+/** Starts the target process and initializes its NIXL agent; bounded by `readyMs`. */
+export async function startTarget(
+  name: string,
+  libDir: string,
+  env: NodeJS.ProcessEnv = {},
+  readyMs = 30_000,
+): Promise<Target & { init: { md: string; version: string | null } }> {
+  const child = fork(fixture, [], {
+    execArgv: ['--import', 'tsx'],
+    env: { ...process.env, ...env, NIXL_LIB_DIR: libDir },
+    stdio: ['ignore', 'inherit', 'inherit', 'ipc'],
+  })
+  const pending = new Map<number, { resolve: (v: unknown) => void; reject: (e: Error) => void }>()
+  child.on('message', (m: unknown) => {
+    const msg = m as { reqId?: number; ok?: boolean; result?: unknown; error?: { code: string; message: string } }
+    if (msg.reqId === undefined) return
+    const p = pending.get(msg.reqId)
+    if (!p) return
+    pending.delete(msg.reqId)
+    if (msg.ok) p.resolve(msg.result)
+    else p.reject(Object.assign(new Error(msg.error?.message ?? 'target error'), { code: msg.error?.code }))
+  })
+  const exited = once(child, 'exit')
+  void exited.then(() => {
+    for (const p of pending.values()) p.reject(new Error(`target ${name} exited`))
+    pending.clear()
+  })
+  await withTimeout(
+    new Promise<void>((resolve, reject) => {
+      child.on('message', (m: unknown) => {
+        if ((m as { ready?: boolean }).ready) resolve()
+      })
+      void exited.then(() => reject(new Error(`target ${name} exited before ready`)))
+    }),
+    readyMs,
+    `target ${name} not ready`,
+  )
+  const call = <T>(body: Record<string, unknown>, timeoutMs = 30_000): Promise<T> => {
+    const reqId = reqIds++
+    const p = new Promise<T>((resolve, reject) => {
+      pending.set(reqId, { resolve: resolve as (v: unknown) => void, reject })
+    })
+    child.send({ reqId, body })
+    return withTimeout(p, timeoutMs, `target ${name}: ${String(body.cmd)} timed out`)
+  }
+  const kill = async (): Promise<void> => {
+    if (child.exitCode !== null || child.signalCode !== null) return
+    child.kill('SIGKILL')
+    await withTimeout(exited, 10_000, `target ${name} did not die`)
+  }
+  try {
+    const init = await call<{ md: string; version: string | null }>({ cmd: 'init', name }, readyMs)
+    return { child, name, call, kill, init }
+  } catch (err) {
+    await kill()
+    throw err
+  }
+}
+
+export function withTimeout<T>(p: Promise<T>, ms: number, what: string): Promise<T> {
+  let timer: NodeJS.Timeout | undefined
+  return Promise.race([
+    p,
+    new Promise<never>((_, reject) => {
+      timer = setTimeout(() => reject(new Error(`${what} (after ${ms} ms)`)), ms)
+    }),
+  ]).finally(() => clearTimeout(timer))
+}
+
+/** The reader side: an agent in the test process with the UCX backend. */
+export async function readerAgent(name: string): Promise<NixlAgent> {
+  const agent = await createAgent(name)
+  await agent.createBackend('UCX', {})
+  return agent
+}

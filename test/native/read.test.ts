@@ -1,0 +1,167 @@
+// Real NIXL READs over UCX between this process (reader) and a target child process.
+import t from 'tap'
+import { addressOf, packDescriptors, type Descriptor, type NixlAgent } from '../../native/index.js'
+import { patternBuffer } from './fixtures/pattern.js'
+import { describeNixl, needNixl, probeNixl, readerAgent, startTarget, type Target } from './helpers.js'
+
+const probe = await probeNixl()
+const skip = needNixl(t, probe)
+
+interface Region {
+  addr: bigint
+  len: number
+  md: string
+}
+
+t.test('two-process READs over UCX', { skip }, async (t) => {
+  if (!probe.ok) return
+  t.comment(describeNixl(probe.info))
+  const reader: NixlAgent = await readerAgent(`reader-${process.pid}`)
+  t.teardown(() => reader.close())
+  const plugins = await reader.listPlugins()
+  t.ok(plugins.includes('UCX'), 'UCX plugin listed')
+  const ucx = await reader.pluginParams('UCX')
+  t.comment(`plugin UCX: mems ${ucx.mems.join(',')}; defaults ${JSON.stringify(ucx.params)}`)
+
+  const target: Target = await startTarget(`target-${process.pid}`, probe.info.libDir)
+  t.teardown(() => target.kill())
+
+  const MiB = 1 << 20
+  const sizes = [4096, 64 * 1024, MiB, 16 * MiB, 64 * MiB]
+  const local = Buffer.alloc(64 * MiB)
+  await reader.registerMemory(local)
+  const localAddr = addressOf(local)
+
+  const regions = new Map<number, Region>()
+  let peer = ''
+  for (const [i, size] of sizes.entries()) {
+    const r = await target.call<{ addr: string; len: number; md: string }>({ cmd: 'alloc', size, seed: i + 1 })
+    regions.set(size, { addr: BigInt(r.addr), len: r.len, md: r.md })
+  }
+  // Metadata taken after the last registration describes every region.
+  const lastMd = regions.get(64 * MiB)?.md ?? ''
+  peer = await reader.loadRemoteMetadata(Buffer.from(lastMd, 'base64'))
+  t.equal(peer, target.name, 'loadRemoteMetadata returns the peer name')
+  t.equal(await reader.checkPeer(peer), true, 'peer metadata present')
+
+  await t.test('4 KiB to 64 MiB, byte for byte', async (t) => {
+    for (const [i, size] of sizes.entries()) {
+      const region = regions.get(size)
+      if (!region) throw new Error('missing region')
+      local.fill(0, 0, size)
+      const res = await reader.read(peer, [{ addr: localAddr, len: size }], [{ addr: region.addr, len: size }], {
+        timeoutMs: 20_000,
+      })
+      t.equal(res.bytes, size, `${size} bytes reported`)
+      const expected = patternBuffer(size, i + 1)
+      t.ok(local.subarray(0, size).equals(expected), `${size} bytes match (${(res.micros / 1000).toFixed(1)} ms)`)
+    }
+  })
+
+  await t.test('1,000 x 16 KiB descriptors in one request', async (t) => {
+    const block = 16 * 1024
+    const count = 1000
+    const src = regions.get(64 * MiB)
+    if (!src) throw new Error('missing region')
+    // Scatter: remote block i -> local block (count - 1 - i), so order mistakes show up.
+    const remote: Descriptor[] = []
+    const localDescs: Descriptor[] = []
+    for (let i = 0; i < count; i++) {
+      remote.push({ addr: src.addr + BigInt(i * block), len: block })
+      localDescs.push({ addr: localAddr + BigInt((count - 1 - i) * block), len: block })
+    }
+    local.fill(0)
+    const res = await reader.read(peer, packDescriptors(localDescs), packDescriptors(remote), { timeoutMs: 20_000 })
+    t.equal(res.bytes, count * block)
+    const expected = patternBuffer(64 * MiB, sizes.indexOf(64 * MiB) + 1)
+    let bad = -1
+    for (let i = 0; i < count && bad < 0; i++) {
+      const got = local.subarray((count - 1 - i) * block, (count - i) * block)
+      if (!got.equals(expected.subarray(i * block, (i + 1) * block))) bad = i
+    }
+    t.equal(bad, -1, 'every block landed in its slot')
+  })
+
+  await t.test('notification arrives after its READ', async (t) => {
+    const region = regions.get(MiB)
+    if (!region) throw new Error('missing region')
+    const tag = `read-done:${process.pid}:${Date.now()}`
+    await reader.read(peer, [{ addr: localAddr, len: MiB }], [{ addr: region.addr, len: MiB }], { notif: tag })
+    // The READ has completed on this side; the target must see the notification shortly after.
+    const deadline = Date.now() + 10_000
+    let seen: { peer: string; message: string }[] = []
+    while (Date.now() < deadline) {
+      seen = (await target.call<{ notifications: { peer: string; message: string }[] }>({ cmd: 'notifications' })).notifications
+      if (seen.some((n) => n.message === tag)) break
+      await new Promise((r) => setTimeout(r, 20))
+    }
+    const hit = seen.find((n) => n.message === tag)
+    t.ok(hit, 'target received the notification')
+    t.equal(hit?.peer, reader.name, 'notification names the reader')
+  })
+
+  await t.test('genNotif reaches the target', async (t) => {
+    await reader.genNotif(peer, 'hello')
+    const deadline = Date.now() + 10_000
+    let found = false
+    while (!found && Date.now() < deadline) {
+      const { notifications } = await target.call<{ notifications: { message: string }[] }>({ cmd: 'notifications' })
+      found = notifications.some((n) => n.message === 'hello')
+      if (!found) await new Promise((r) => setTimeout(r, 20))
+    }
+    t.ok(found)
+  })
+
+  await t.test('outside the registered region -> coded error', async (t) => {
+    const region = regions.get(4096)
+    if (!region) throw new Error('missing region')
+    const err = await reader
+      .read(peer, [{ addr: localAddr, len: 8192 }], [{ addr: region.addr + 1_000_000_000n, len: 8192 }], { timeoutMs: 5000 })
+      .catch((e: unknown) => e)
+    t.type(err, Error)
+    t.match(err, { code: /^NAT_ERR_NIXL_/ }, 'a NIXL status error with a code')
+    t.comment(`error: ${(err as Error).message}`)
+  })
+
+  await t.test('cancel via AbortSignal', async (t) => {
+    const region = regions.get(64 * MiB)
+    if (!region) throw new Error('missing region')
+    const ac = new AbortController()
+    ac.abort()
+    await t.rejects(
+      reader.read(peer, [{ addr: localAddr, len: 4096 }], [{ addr: region.addr, len: 4096 }], { signal: ac.signal }),
+      { code: 'NAT_ERR_XFER_CANCELED' },
+    )
+    // In flight: 64 MiB takes long enough over tcp that the cancel lands first, but a fast
+    // machine may finish; either outcome is correct, a hang or other error is not.
+    const ac2 = new AbortController()
+    const p = reader.read(peer, [{ addr: localAddr, len: 64 * MiB }], [{ addr: region.addr, len: 64 * MiB }], {
+      signal: ac2.signal,
+      timeoutMs: 20_000,
+    })
+    ac2.abort()
+    const outcome = await p.then(
+      () => 'completed',
+      (e: { code?: string }) => e.code,
+    )
+    t.ok(outcome === 'completed' || outcome === 'NAT_ERR_XFER_CANCELED', `in-flight cancel: ${outcome}`)
+  })
+
+  await t.test('invalidate, then read -> coded error', async (t) => {
+    const region = regions.get(4096)
+    if (!region) throw new Error('missing region')
+    await reader.invalidatePeer(peer)
+    t.equal(await reader.checkPeer(peer), false, 'peer gone after invalidate')
+    await t.rejects(
+      reader.read(peer, [{ addr: localAddr, len: 4096 }], [{ addr: region.addr, len: 4096 }], { timeoutMs: 5000 }),
+      { code: 'NAT_ERR_PEER_UNKNOWN' },
+    )
+    await t.rejects(reader.invalidatePeer(peer), { code: 'NAT_ERR_PEER_UNKNOWN' }, 'second invalidate')
+    // And back: reload, read again.
+    t.equal(await reader.loadRemoteMetadata(Buffer.from(region.md === '' ? lastMd : lastMd, 'base64')), peer)
+    const res = await reader.read(peer, [{ addr: localAddr, len: 4096 }], [{ addr: region.addr, len: 4096 }])
+    t.equal(res.bytes, 4096, 'reads again after reloading metadata')
+  })
+
+  await target.call({ cmd: 'exit' }).catch(() => undefined)
+})

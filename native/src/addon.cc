@@ -26,9 +26,16 @@ Napi::Value Load(const Napi::CallbackInfo& info) {
   // NIXL's plugin manager is a singleton that reads NIXL_PLUGIN_DIR once, at the first agent.
   // Set it here, on the JS thread (setenv is not safe against concurrent getenv), unless the
   // operator chose one.
+  // A value this function set during an earlier, failed load is replaced. JS thread only.
+  static bool plugin_dir_is_ours = false;
   const char* preset = std::getenv("NIXL_PLUGIN_DIR");
-  std::string plugin_dir = preset != nullptr ? preset : dir + "/plugins";
-  if (preset == nullptr && Nixl() == nullptr) ::setenv("NIXL_PLUGIN_DIR", plugin_dir.c_str(), 0);
+  std::string plugin_dir = dir + "/plugins";
+  if (Nixl() == nullptr && (preset == nullptr || plugin_dir_is_ours)) {
+    ::setenv("NIXL_PLUGIN_DIR", plugin_dir.c_str(), 1);
+    plugin_dir_is_ours = true;
+  } else if (preset != nullptr) {
+    plugin_dir = preset;
+  }
   auto outcome = std::make_shared<LoadOutcome>();
   return OneShot::Run(env, Napi::Object::New(env), "nixl.load",
       [dir, outcome]() -> std::optional<Failure> {

@@ -12,6 +12,11 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// Liveness probe sent after an ambiguous transfer failure (ClassifyXferError). It starts with
+// a NUL byte so no application message collides with it; receiving addons drop it.
+constexpr char kProbeNotif[] = "\0handoff-nixl-probe";
+constexpr size_t kProbeNotifLen = sizeof(kProbeNotif) - 1;
+
 Napi::Error ArgError(Napi::Env env, const std::string& message) {
   Napi::Error err = Napi::TypeError::New(env, message);
   err.Set("code", Napi::String::New(env, "NAT_ERR_INVALID_ARG"));
@@ -707,23 +712,39 @@ bool NativeAgent::PollRead(PendingRead& r, std::vector<Event*>& out) {
   return true;
 }
 
-// The C API folds REMOTE_DISCONNECT into ERROR_BACKEND. NIXL forgets a peer that
-// disconnected, so a failing check_remote_md on a peer this agent loaded means "peer gone";
-// a peer never loaded (or invalidated here) is "unknown"; anything else is a plain failure.
+// The C API folds REMOTE_DISCONNECT into ERROR_BACKEND, so the status alone cannot say "peer
+// gone". Two checks recover it (docs/native.md, "Disconnects"):
+// 1. check_remote_md. NIXL up to v1.4 forgets a peer that disconnected, so a failure on a
+//    peer this agent loaded means "peer gone"; on a peer never loaded (or invalidated here)
+//    it means "unknown peer".
+// 2. From v1.5 NIXL keeps the metadata of a disconnected peer (check_remote_md succeeds) and
+//    every later post fails. For post/status failures the addon then sends a probe
+//    notification: UCX fails it at once on an endpoint in error state, while a live peer
+//    receives it and its addon drops it (kProbeNotif never reaches JS).
 Failure NativeAgent::ClassifyXferError(const char* op, Status status, const std::string& peer) {
   Failure f = StatusFailure(op, status, peer);
   if (status != kErrBackend && status != kErrNotFound) return f;
+  const SymbolTable& api = *Nixl();
   const bool loaded = peers_.count(peer) > 0;
-  const Status check = Nixl()->check_remote_md(agent_, peer.c_str(), nullptr);
-  if (check == kSuccess) return f;
-  if (loaded) {
-    peers_.erase(peer);
+  const Status check = api.check_remote_md(agent_, peer.c_str(), nullptr);
+  if (check != kSuccess) {
+    if (loaded) {
+      peers_.erase(peer);
+      f.code = "NAT_ERR_REMOTE_DISCONNECT";
+      f.message = "peer " + peer + " disconnected (" + f.message + ", check_remote_md returned " +
+                  std::to_string(static_cast<int>(check)) + ")";
+    } else {
+      f.code = "NAT_ERR_PEER_UNKNOWN";
+      f.message = "no metadata loaded for peer " + peer + " (" + f.message + ")";
+    }
+    return f;
+  }
+  if (std::strcmp(op, "create_xfer_req") == 0) return f;  // descriptors or backend choice
+  const Status probe = api.gen_notif(agent_, peer.c_str(), kProbeNotif, kProbeNotifLen, nullptr);
+  if (probe != kSuccess) {
     f.code = "NAT_ERR_REMOTE_DISCONNECT";
-    f.message = "peer " + peer + " disconnected (" + f.message + ", check_remote_md returned " +
-                std::to_string(static_cast<int>(check)) + ")";
-  } else {
-    f.code = "NAT_ERR_PEER_UNKNOWN";
-    f.message = "no metadata loaded for peer " + peer + " (" + f.message + ")";
+    f.message = "peer " + peer + " disconnected (" + f.message + ", probe notification returned " +
+                std::to_string(static_cast<int>(probe)) + ")";
   }
   return f;
 }
@@ -776,6 +797,7 @@ void NativeAgent::DrainNotifications(std::vector<Event*>& out) {
       const void* data = nullptr;
       size_t len = 0;
       if (api.notif_map_get_notif(notif_map_, name, j, &data, &len) != kSuccess) continue;
+      if (len == kProbeNotifLen && std::memcmp(data, kProbeNotif, kProbeNotifLen) == 0) continue;
       auto* e = new Event();
       e->kind = Event::kNotification;
       e->peer = name;

@@ -88,3 +88,10 @@ HNX_SAME_FIELD(capture_telemetry)
 static_assert(sizeof(hnx::AgentConfig) == sizeof(nixl_capi_agent_config_t));
 
 }  // namespace
+
+// Self-test: the test compiles once with this defined and expects failure, proving that a
+// mismatch is caught at all.
+#ifdef HNX_SELFTEST_MISMATCH
+static_assert(std::is_same_v<MapT<hnx::fn::destroy_agent>, decltype(&nixl_capi_create_agent)>,
+              "self-test: a deliberate mismatch");
+#endif

@@ -62,7 +62,7 @@ export async function startTarget(
 ): Promise<Target & { init: { md: string; version: string | null } }> {
   const child = fork(fixture, [], {
     execArgv: ['--import', 'tsx'],
-    env: { ...process.env, ...env, NIXL_LIB_DIR: libDir },
+    env: { ...process.env, ...env, NIXL_LIB_DIR: libDir, HANDOFF_NIXL_TARGET: '1' },
     stdio: ['ignore', 'inherit', 'inherit', 'ipc'],
   })
   const pending = new Map<number, { resolve: (v: unknown) => void; reject: (e: Error) => void }>()

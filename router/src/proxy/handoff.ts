@@ -202,6 +202,8 @@ export class HandoffProxy {
     try {
       ledger.reading(req.id)
       const res = await this.#send(d, 'decode', path, JSON.stringify(body), headers, signal, this.#d.timeouts.decodeHeadersMs, this.#d.timeouts.idleMs)
+      // D's response head is its first byte: the end of the handoff gap.
+      onFirstByte()
       const contentType = String(res.headers['content-type'] ?? JSON_TYPE)
       reply.header('x-request-id', req.id)
       if (res.statusCode >= 400) {
@@ -212,17 +214,13 @@ export class HandoffProxy {
       }
       if (!wantsStream(body) || !contentType.startsWith('text/event-stream')) {
         const buf = await this.#readAll(d, 'decode', res, signal)
-        onFirstByte()
         ledger.done(req.id)
         registry.recordSuccess(d.id)
         return { reply: reply.code(res.statusCode).type(contentType).send(buf), streaming: false }
       }
       // Streamed: relay chunk by chunk, no buffering. Past this point the status is sent, so
       // a failure can only end the stream with an error event.
-      const relay = this.#relay(d, res.body, signal, () => {
-        onFirstByte()
-        ledger.done(req.id)
-      }, (ok) => {
+      const relay = this.#relay(d, res.body, signal, () => ledger.done(req.id), (ok) => {
         releaseOnce()
         if (ok) registry.recordSuccess(d.id)
         else if (signal.aborted) req.log.info('client went away; upstream work aborted')

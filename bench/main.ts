@@ -1,6 +1,9 @@
 /** `handoff bench <name>`: benchmarks as commands; results go to docs/benchmarks.md. */
 const benches: Record<string, () => Promise<(argv: string[]) => Promise<void>>> = {
   overhead: async () => (await import('./overhead.js')).runOverheadBench,
+  nixl: async () => (await import('./nixl.js')).runNixlBench,
+  // Internal: the baseline proxy that `overhead` starts as a child process.
+  'bare-proxy': async () => (await import('./bare-proxy.js')).runBareProxy,
 }
 
 export async function main(argv: string[]): Promise<void> {

@@ -9,8 +9,9 @@ import { cpuSeconds, rssMiB } from './proc-stats.js'
 const HELP = `usage: handoff bench overhead [--quick] [--sizes 200,2048,16384,204800]
                                [--concurrency 1,64] [--seconds S] [--requests N] [--rounds R] [--json]
 
-Router overhead: the same simulators (--kv none, zero delays) driven by a direct two-leg
-client and through the router, alternating in one run. Prints a markdown table.
+Router overhead: the same simulators (--kv none, zero delays) driven three ways, alternating
+in one run: a direct two-leg client, a bare fastify+undici two-leg proxy (the floor of the
+stack), and the router. Prints a markdown table.
 `
 
 const WORDS = ['alpha', 'bravo', 'charlie', 'delta', 'echo', 'foxtrot', 'golf', 'hotel', 'india', 'juliet']
@@ -31,8 +32,12 @@ interface Cell {
   size: number
   concurrency: number
   direct: LoadResult
+  bare: LoadResult
   router: LoadResult
+  bareCpuPer1k: number
   routerCpuPer1k: number
+  /** P and D together, over the same router rounds: the work the router fronts. */
+  enginesCpuPer1k: number
   routerRssMiB: number
 }
 
@@ -92,6 +97,9 @@ export async function runOverheadBench(argv: string[]): Promise<void> {
     })
     services.push(router)
     const routerPid = router.child.pid as number
+    const bare = await spawnService({ args: ['bench', 'bare-proxy', '--prefill', p.url, '--decode', d.url] })
+    services.push(bare)
+    const barePid = bare.child.pid as number
 
     const post = async (url: string, body: unknown): Promise<Record<string, unknown>> => {
       const res = await request(url, { method: 'POST', dispatcher: agent, body: JSON.stringify(body), headers: { 'content-type': 'application/json' } })
@@ -110,26 +118,43 @@ export async function runOverheadBench(argv: string[]): Promise<void> {
       const viaRouter = async (): Promise<void> => {
         await post(`${router.url}/v1/completions`, body)
       }
+      const viaBare = async (): Promise<void> => {
+        await post(`${bare.url}/v1/completions`, body)
+      }
       for (const concurrency of concurrencies) {
         const loop = { concurrency, maxRequests, maxSeconds: seconds }
         // Warm both paths (connections, JIT) before measuring.
         await closedLoop({ ...loop, maxRequests: Math.min(50, maxRequests), send: direct })
         await closedLoop({ ...loop, maxRequests: Math.min(50, maxRequests), send: viaRouter })
-        let d0: LoadResult = { latenciesMs: [], errors: 0, wallSeconds: 0 }
-        let r0: LoadResult = { latenciesMs: [], errors: 0, wallSeconds: 0 }
+        await closedLoop({ ...loop, maxRequests: Math.min(50, maxRequests), send: viaBare })
+        const empty = (): LoadResult => ({ latenciesMs: [], errors: 0, wallSeconds: 0 })
+        let d0 = empty()
+        let r0 = empty()
+        let b0 = empty()
         let cpu = 0
+        let bareCpu = 0
+        let enginesCpu = 0
+        const engines = (): number => cpuSeconds(p.child.pid as number) + cpuSeconds(d.child.pid as number)
         for (let r = 0; r < rounds; r++) {
           d0 = merge(d0, await closedLoop({ ...loop, send: direct }))
+          const bc0 = cpuSeconds(barePid)
+          b0 = merge(b0, await closedLoop({ ...loop, send: viaBare }))
+          bareCpu += cpuSeconds(barePid) - bc0
           const c0 = cpuSeconds(routerPid)
+          const e0 = engines()
           r0 = merge(r0, await closedLoop({ ...loop, send: viaRouter }))
           cpu += cpuSeconds(routerPid) - c0
+          enginesCpu += engines() - e0
         }
         const cell: Cell = {
           size,
           concurrency,
           direct: d0,
+          bare: b0,
           router: r0,
+          bareCpuPer1k: (bareCpu / Math.max(1, b0.latenciesMs.length)) * 1000,
           routerCpuPer1k: (cpu / Math.max(1, r0.latenciesMs.length)) * 1000,
+          enginesCpuPer1k: (enginesCpu / Math.max(1, r0.latenciesMs.length)) * 1000,
           routerRssMiB: rssMiB(routerPid),
         }
         cells.push(cell)
@@ -147,6 +172,7 @@ export async function runOverheadBench(argv: string[]): Promise<void> {
 function summarize(c: Cell) {
   const ds = [...c.direct.latenciesMs].sort((a, b) => a - b)
   const rs = [...c.router.latenciesMs].sort((a, b) => a - b)
+  const bs = [...c.bare.latenciesMs].sort((a, b) => a - b)
   return {
     prompt_bytes: c.size,
     concurrency: c.concurrency,
@@ -156,10 +182,15 @@ function summarize(c: Cell) {
     router_p50_ms: percentile(rs, 50),
     router_p99_ms: percentile(rs, 99),
     router_rps: rs.length / c.router.wallSeconds,
+    bare_p50_ms: percentile(bs, 50),
+    bare_rps: bs.length / c.bare.wallSeconds,
     added_mean_ms: mean(rs) - mean(ds),
+    bare_added_mean_ms: mean(bs) - mean(ds),
+    bare_cpu_s_per_1k: c.bareCpuPer1k,
     router_cpu_s_per_1k: c.routerCpuPer1k,
+    engines_cpu_s_per_1k: c.enginesCpuPer1k,
     router_rss_mib: c.routerRssMiB,
-    errors: c.direct.errors + c.router.errors,
+    errors: c.direct.errors + c.router.errors + c.bare.errors,
   }
 }
 
@@ -167,12 +198,12 @@ function table(cells: Cell[], run: { seconds: number; maxRequests: number; round
   const f = (n: number, d = 2): string => (Number.isFinite(n) ? n.toFixed(d) : 'n/a')
   const rows = cells.map((c) => {
     const s = summarize(c)
-    return `| ${s.prompt_bytes} | ${s.concurrency} | ${f(s.direct_p50_ms)} / ${f(s.direct_p99_ms)} | ${f(s.router_p50_ms)} / ${f(s.router_p99_ms)} | ${f(s.direct_rps, 0)} | ${f(s.router_rps, 0)} | ${f(s.added_mean_ms)} | ${f(s.router_cpu_s_per_1k)} | ${f(s.router_rss_mib, 0)} | ${s.errors} |`
+    return `| ${s.prompt_bytes} | ${s.concurrency} | ${f(s.direct_p50_ms)} / ${f(s.direct_p99_ms)} | ${f(s.router_p50_ms)} / ${f(s.router_p99_ms)} | ${f(s.direct_rps, 0)} / ${f(s.bare_rps, 0)} / ${f(s.router_rps, 0)} | ${f(s.bare_added_mean_ms)} / ${f(s.added_mean_ms)} | ${f(s.bare_cpu_s_per_1k)} / ${f(s.router_cpu_s_per_1k)} | ${f(s.engines_cpu_s_per_1k)} | ${f(s.router_rss_mib, 0)} | ${s.errors} |`
   })
   return [
     `Machine: ${cpus().length} × ${cpus()[0]?.model ?? 'cpu'}, ${(totalmem() / 2 ** 30).toFixed(0)} GiB, Node ${process.version}; ${run.rounds} alternating rounds of ≤${run.maxRequests} requests / ${run.seconds} s per path per cell; /v1/completions, max_tokens 8, not streamed.`,
     '',
-    '| prompt bytes | concurrency | direct p50 / p99 ms | router p50 / p99 ms | direct req/s | router req/s | added mean ms | router CPU s / 1k req | router RSS MiB | errors |',
+    '| prompt bytes | concurrency | direct p50 / p99 ms | router p50 / p99 ms | req/s direct / bare / router | added mean ms bare / router | proxy CPU s per 1k req bare / router | P+D CPU s per 1k req | router RSS MiB | errors |',
     '| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |',
     ...rows,
     '',

@@ -59,3 +59,10 @@ t.test('bad configs fail fast with RTR_ERR_CONFIG and say why', async (t) => {
   ]
   for (const [fn, msg] of cases) t.throws(fn, { code: 'RTR_ERR_CONFIG', message: msg })
 })
+
+t.test('the example deployment config is valid', async (t) => {
+  const { packageRoot } = await import('../../common/paths.js')
+  const c = loadConfig({ file: join(packageRoot, 'deploy', 'router.example.json') })
+  t.equal(c.instances.length, 3)
+  t.equal(c.pairing.mode, 'label')
+})

@@ -1,0 +1,20 @@
+import { execFile } from 'node:child_process'
+import { promisify } from 'node:util'
+import t from 'tap'
+import { cliEntry } from '../../common/paths.js'
+
+// A smoke run: the benchmark must keep working; its figures are not asserted (docs/benchmarks.md).
+t.test('handoff bench overhead runs all three paths and reports every figure', async (t) => {
+  const { stdout } = await promisify(execFile)(
+    process.execPath,
+    [cliEntry, 'bench', 'overhead', '--sizes', '200', '--concurrency', '1', '--requests', '20', '--seconds', '2', '--rounds', '1', '--json'],
+    { timeout: 90_000 },
+  )
+  const rows = stdout.trim().split('\n').map((l) => JSON.parse(l) as Record<string, number>)
+  t.equal(rows.length, 1)
+  const row = rows[0] as Record<string, number>
+  t.equal(row.errors, 0, 'every request succeeded')
+  for (const key of ['direct_p50_ms', 'router_p50_ms', 'bare_p50_ms', 'router_rps', 'router_cpu_s_per_1k', 'router_rss_mib']) {
+    t.ok(Number.isFinite(row[key]) && (row[key] as number) > 0, `${key} measured`)
+  }
+})

@@ -49,8 +49,8 @@ export async function spawnService(opts: SpawnOptions): Promise<SpawnedService> 
   const url = await new Promise<string>((resolve, reject) => {
     const timer = setTimeout(() => {
       child.kill('SIGKILL')
-      reject(new Error(`handoff ${opts.args.join(' ')} not ready after ${opts.readyTimeoutMs ?? 20000} ms\n${buffer}`))
-    }, opts.readyTimeoutMs ?? 20000)
+      reject(new Error(`handoff ${opts.args.join(' ')} not ready after ${opts.readyTimeoutMs ?? 45000} ms\n${buffer}`))
+    }, opts.readyTimeoutMs ?? 45000)
     child.on('message', (msg) => {
       if (isReadyMessage(msg)) {
         clearTimeout(timer)

@@ -22,7 +22,9 @@ t.test('handoff up serves oracle text through the router and stops every child o
   let out = ''
   up.stdout.on('data', (c: Buffer) => (out += c.toString()))
   up.stderr.on('data', (c: Buffer) => (out += c.toString()))
-  t.ok(await waitFor(() => /handoff ready http:\/\/127\.0\.0\.1:\d+\n/.test(out), 20000), 'ready line printed')
+  const ready = await waitFor(() => /handoff ready http:\/\/127\.0\.0\.1:\d+\n/.test(out), 60000)
+  t.ok(ready, 'ready line printed', { output: out })
+  if (!ready) return
   const url = /handoff ready (\S+)/.exec(out)?.[1] as string
 
   const chat = { model: 'handoff/sim-1', messages: [{ role: 'user', content: 'What is P/D?' }], max_tokens: 10 }

@@ -130,21 +130,31 @@ export async function buildApp(deps: RouterDeps): Promise<FastifyInstance> {
     },
   })
 
+  // Graceful close: server.close() waits for every open connection, and a keep-alive
+  // connection can linger until its timeout (72 s) even when no response is in progress.
+  // Responses in flight are counted, and once none is left while closing, every connection
+  // is closed so shutdown completes as soon as the last stream ends.
   let closing = false
+  let activeResponses = 0
+  const closeConnectionsIfDrained = (): void => {
+    if (closing && activeResponses === 0) app.server.closeAllConnections()
+  }
   app.addHook('preClose', async () => {
     closing = true
+    closeConnectionsIfDrained()
   })
   app.addHook('onRequest', async (req, reply) => {
+    activeResponses++
+    reply.raw.once('close', () => {
+      activeResponses--
+      // After the response's own bytes are flushed; 'close' fires once the socket is done with it.
+      if (closing) setImmediate(closeConnectionsIfDrained)
+    })
     if (closing) {
       reply.header('connection', 'close')
       throw new RTR_ERR_SHUTTING_DOWN()
     }
     reply.header('x-request-id', req.id)
-  })
-  // server.close() waits for every connection; one that turns idle after the close started
-  // (a stream that just finished) would hold shutdown until its keep-alive timeout.
-  app.addHook('onResponse', async () => {
-    if (closing) setImmediate(() => app.server.closeIdleConnections())
   })
   app.addHook('onReady', async () => {
     if (deps.probe === false) return

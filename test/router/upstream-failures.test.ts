@@ -9,7 +9,7 @@ const instances = [
   { id: 'd0', role: 'decode' as const, url: d.url },
 ]
 // Short timeouts so stalls turn into 504s quickly; no probes, so health stays as configured.
-const { url, logs } = await startRouter(t, instances, {
+const { url, logs, app } = await startRouter(t, instances, {
   probe: false,
   timeouts: { connectMs: 1000, prefillMs: 700, decodeHeadersMs: 700, idleMs: 700 },
   health: { intervalMs: 5000, timeoutMs: 500, unhealthyThreshold: 1000, baseEjectionMs: 1000, maxEjectionMs: 1000 },
@@ -164,4 +164,12 @@ t.test('no decoder at all: 503 no instance; readiness says so', async (t) => {
   const ready = await get(`${u4}/readyz`)
   t.equal(ready.status, 503)
   t.match(ready.json(), { ready: false, reason: /decode/ })
+})
+
+// Regression: after the failures above, a keep-alive connection the server still counted as
+// busy held app.close() for its 72 s keep-alive timeout.
+t.test('the router closes promptly after all of the above', async (t) => {
+  const started = Date.now()
+  await app.close()
+  t.ok(Date.now() - started < 5000, `closed in ${Date.now() - started} ms`)
 })

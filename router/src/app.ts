@@ -64,7 +64,7 @@ function httpGet(dispatcher: Dispatcher): HttpGet {
 }
 
 /** Maps fastify's own errors (parsing, validation, limits) onto router codes. */
-function toRouterError(err: FastifyError, bodyLimit: number): CodedError & { code: RouterErrorCode } {
+function toRouterError(err: FastifyError, bodyLimit: number, contentType: string | undefined): CodedError & { code: RouterErrorCode } {
   if (isRouterError(err)) return err
   if (err.validation) return new RTR_ERR_INVALID_REQUEST(`${err.validationContext ?? 'body'}${err.message.replace(/^(body|querystring|params|headers)/, '')}`)
   switch (err.code) {
@@ -74,7 +74,7 @@ function toRouterError(err: FastifyError, bodyLimit: number): CodedError & { cod
     case 'FST_ERR_CTP_BODY_TOO_LARGE':
       return new RTR_ERR_BODY_TOO_LARGE(bodyLimit, { cause: err })
     case 'FST_ERR_CTP_INVALID_MEDIA_TYPE':
-      return new RTR_ERR_UNSUPPORTED_MEDIA_TYPE('of this request', { cause: err })
+      return new RTR_ERR_UNSUPPORTED_MEDIA_TYPE(JSON.stringify(contentType ?? ''), { cause: err })
   }
   if (err instanceof SyntaxError) return new RTR_ERR_INVALID_JSON(err.message, { cause: err })
   if (err.statusCode === 400) return new RTR_ERR_INVALID_REQUEST(err.message, { cause: err })
@@ -168,7 +168,7 @@ export async function buildApp(deps: RouterDeps): Promise<FastifyInstance> {
   })
 
   app.setErrorHandler((err: FastifyError, req, reply) => {
-    const mapped = toRouterError(err, config.limits.bodyBytes)
+    const mapped = toRouterError(err, config.limits.bodyBytes, req.headers['content-type'])
     const status = mapped.statusCode ?? 500
     if (status >= 500) req.log.error({ err, code: mapped.code }, mapped.message)
     else req.log.info({ code: mapped.code }, mapped.message)

@@ -92,6 +92,7 @@ t.test('bad input gets a 4xx OpenAI error and nothing is forwarded', async (t) =
   const media = await post(`${url}/v1/completions`, 'prompt=x', { 'content-type': 'application/x-www-form-urlencoded' })
   t.equal(media.status, 415)
   t.equal(media.json<{ error: { code: string } }>().error.code, 'RTR_ERR_UNSUPPORTED_MEDIA_TYPE')
+  t.match(media.json<{ error: { message: string } }>().error.message, /"application\/x-www-form-urlencoded" is not supported/)
   t.same(await simRequests(p), [], 'P saw nothing')
   t.same(await simRequests(d), [], 'D saw nothing')
   // The router is unharmed.

@@ -1,6 +1,7 @@
+import { Writable } from 'node:stream'
 import type { FastifyInstance } from 'fastify'
 import pino from 'pino'
-import { request } from 'undici'
+import { request, type Dispatcher } from 'undici'
 import { spawnService, type SpawnedService } from '../../common/spawn.js'
 import { buildApp, type RouterDeps } from '../../router/src/app.js'
 import { loadConfig } from '../../router/src/config.js'
@@ -27,7 +28,7 @@ export async function startRouter(
   const { probe, ...rest } = overrides
   const config = { ...loadConfig({ overrides: { port: 0, logLevel: 'warn' } }), instances, ...rest } as RouterConfig
   const logs: Record<string, unknown>[] = []
-  const sink = new (await import('node:stream')).Writable({
+  const sink = new Writable({
     write(chunk: Buffer, _enc, cb) {
       for (const line of chunk.toString('utf8').split('\n')) if (line) logs.push(JSON.parse(line) as Record<string, unknown>)
       cb()
@@ -47,22 +48,23 @@ export interface Posted {
   json<T = Record<string, unknown>>(): T
 }
 
-export async function post(url: string, body: unknown, headers: Record<string, string> = {}): Promise<Posted> {
-  const res = await request(url, {
-    method: 'POST',
-    body: typeof body === 'string' ? body : JSON.stringify(body),
-    headers: { 'content-type': 'application/json', ...headers },
-    headersTimeout: 30_000,
-    bodyTimeout: 30_000,
-  })
+async function send(url: string, opts: Omit<Dispatcher.RequestOptions, 'origin' | 'path'>): Promise<Posted> {
+  const res = await request(url, { ...opts, headersTimeout: 30_000, bodyTimeout: 30_000 })
   const text = await res.body.text()
   return { status: res.statusCode, headers: res.headers, text, json: <T>() => JSON.parse(text) as T }
 }
 
-export async function get(url: string, headers: Record<string, string> = {}): Promise<Posted> {
-  const res = await request(url, { headers, headersTimeout: 30_000, bodyTimeout: 30_000 })
-  const text = await res.body.text()
-  return { status: res.statusCode, headers: res.headers, text, json: <T>() => JSON.parse(text) as T }
+/** POSTs a body (an object is sent as JSON, a string as it is). */
+export function post(url: string, body: unknown, headers: Record<string, string> = {}): Promise<Posted> {
+  return send(url, {
+    method: 'POST',
+    body: typeof body === 'string' ? body : JSON.stringify(body),
+    headers: { 'content-type': 'application/json', ...headers },
+  })
+}
+
+export function get(url: string, headers: Record<string, string> = {}): Promise<Posted> {
+  return send(url, { method: 'GET', headers })
 }
 
 /** Parses an SSE body into its `data:` payloads (JSON objects, plus the literal [DONE]). */
@@ -97,9 +99,7 @@ export interface SimRequestRecord {
 }
 
 export async function simRequests(sim: SpawnedService): Promise<SimRequestRecord[]> {
-  const res = await get(`${sim.url}/sim/requests`)
-  const parsed = res.json<{ requests: SimRequestRecord[] } | SimRequestRecord[]>()
-  return Array.isArray(parsed) ? parsed : parsed.requests
+  return (await get(`${sim.url}/sim/requests`)).json<{ requests: SimRequestRecord[] }>().requests
 }
 
 /** Polls `check` every 25 ms until it returns true or `timeoutMs` passes. */

@@ -3,7 +3,7 @@ import { request } from 'undici'
 import t from 'tap'
 import { spawnService } from '../../common/spawn.js'
 import { oracleForBody } from '../../sim/src/oracle.js'
-import { get, post, startRouter, startSim, streamedText, waitFor } from '../helpers/cluster.js'
+import { get, post, simRequests, startRouter, startSim, streamedText, waitFor } from '../helpers/cluster.js'
 
 t.test('SIGTERM: in-flight streams finish, new requests are refused, then the router exits', async (t) => {
   const d = await startSim(t, ['--role', 'both', '--decode-delay-ms', '60'])
@@ -61,7 +61,6 @@ t.test('the router sends the upstream API key on both legs', async (t) => {
   )
   const res = await post(`${url}/v1/completions`, { model: 'handoff/sim-1', prompt: 'x', max_tokens: 2 })
   t.equal(res.status, 200)
-  const { simRequests } = await import('../helpers/cluster.js')
   for (const sim of [p, d]) {
     const r = (await simRequests(sim)).find((x) => x.path === '/v1/completions')
     t.equal(r?.headers.authorization, 'Bearer engine-key')

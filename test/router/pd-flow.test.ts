@@ -1,6 +1,6 @@
 import t from 'tap'
 import { oracleForBody } from '../../sim/src/oracle.js'
-import { post, simRequests, startRouter, startSim, streamedText, sseEvents } from '../helpers/cluster.js'
+import { get, post, simRequests, startRouter, startSim, streamedText, sseEvents } from '../helpers/cluster.js'
 
 // Real simulator processes behind a real router (in-process, on a loopback port).
 const p = await startSim(t, ['--role', 'prefill'])
@@ -107,9 +107,8 @@ t.test("an engine's own 4xx is relayed as it is", async (t) => {
 })
 
 t.test('models, health, readiness and metrics', async (t) => {
-  const models = await (await import('../helpers/cluster.js')).get(`${url}/v1/models`)
+  const models = await get(`${url}/v1/models`)
   t.same(models.json<{ data: { id: string }[] }>().data.map((m) => m.id), [MODEL])
-  const { get } = await import('../helpers/cluster.js')
   t.equal((await get(`${url}/health`)).status, 200)
   const ready = await get(`${url}/ready`)
   t.equal(ready.status, 200)

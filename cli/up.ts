@@ -85,7 +85,8 @@ export async function main(argv: string[]): Promise<void> {
         void stopAll(1)
       })
     }
-    for (const inst of instances) process.stdout.write(`  ${inst.role.padEnd(7)} ${inst.id.padEnd(10)} ${inst.url}\n`)
+    // stdout carries exactly one line, for scripts; the instance list goes to stderr.
+    for (const inst of instances) process.stderr.write(`  ${inst.role.padEnd(7)} ${inst.id.padEnd(10)} ${inst.url}\n`)
     process.stdout.write(`handoff ready ${router.url}\n`)
   } catch (err) {
     await stopAll(1).catch(() => {})

@@ -20,11 +20,16 @@ t.test('handoff up serves oracle text through the router and stops every child o
     if (up.exitCode === null) up.kill('SIGKILL')
   })
   let out = ''
-  up.stdout.on('data', (c: Buffer) => (out += c.toString()))
+  let stdout = ''
+  up.stdout.on('data', (c: Buffer) => {
+    out += c.toString()
+    stdout += c.toString()
+  })
   up.stderr.on('data', (c: Buffer) => (out += c.toString()))
   const ready = await waitFor(() => /handoff ready http:\/\/127\.0\.0\.1:\d+\n/.test(out), 60000)
   t.ok(ready, 'ready line printed', { output: out })
   if (!ready) return
+  t.match(stdout, /^handoff ready http:\/\/127\.0\.0\.1:\d+\n$/, 'stdout is exactly the ready line')
   const url = /handoff ready (\S+)/.exec(out)?.[1] as string
 
   const chat = { model: 'handoff/sim-1', messages: [{ role: 'user', content: 'What is P/D?' }], max_tokens: 10 }

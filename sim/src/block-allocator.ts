@@ -1,4 +1,4 @@
-import { KvCapacityError } from './errors.js'
+import { SimKvCapacityError } from './errors.js'
 
 /**
  * Hands out KV block ids. Freed blocks go on top of a stack and are the next ones handed
@@ -29,7 +29,8 @@ export class BlockAllocator {
 
   /** Allocates `n` blocks, all or nothing. */
   allocate(n: number): number[] {
-    if (n > this.#free.length) throw new KvCapacityError(n, this.#free.length)
+    // A 503, like an engine out of KV blocks.
+    if (n > this.#free.length) throw new SimKvCapacityError(n, this.#free.length)
     const out: number[] = []
     for (let i = 0; i < n; i++) {
       const id = this.#free.pop() as number

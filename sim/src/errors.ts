@@ -39,13 +39,6 @@ export const SimKvModeUnsupportedError = createError<[string]>(
   500,
 )
 
-/** Thrown by the allocator; the route turns it into a 503 like an engine out of KV blocks. */
-export class KvCapacityError extends SimKvCapacityError {
-  constructor(needed: number, free: number) {
-    super(needed, free)
-  }
-}
-
 /** Every code, for the consistency test against docs/errors.md. */
 export const SIM_ERROR_CODES: readonly string[] = Object.freeze([
   'SIM_ERR_MODEL_NOT_FOUND',

@@ -149,13 +149,14 @@ async function serve(ctx: SimContext, kind: Kind, request: FastifyRequest<{ Body
  * frame with empty choices, and `data: [DONE]`. Yields `null` between tokens, where a decode
  * step's delay belongs.
  */
-function* sseFrames(kind: Kind, head: { id: string; created: number; model: string }, result: EngineResult, usage: Usage | undefined): Generator<string> {
+function* sseFrames(kind: Kind, head: { id: string; created: number; model: string }, result: EngineResult, usage: Usage | undefined): Generator<string | null> {
   const object = kind === 'chat' ? 'chat.completion.chunk' : 'text_completion'
   const frame = (choices: unknown[], extra?: object): string =>
     `data: ${JSON.stringify({ id: head.id, object, created: head.created, model: head.model, choices, ...extra })}\n\n`
   if (kind === 'chat') yield frame([{ index: 0, delta: { role: 'assistant', content: '' }, logprobs: null, finish_reason: null }])
   const n = result.outputTokens.length
   for (let i = 0; i < n; i++) {
+    if (i > 0) yield null
     const text = detokenizeOne(result.outputTokens[i] as number)
     const finish = i === n - 1 ? 'length' : null
     yield frame([
@@ -168,13 +169,13 @@ function* sseFrames(kind: Kind, head: { id: string; created: number; model: stri
   yield 'data: [DONE]\n\n'
 }
 
-/** Writes frames to `out`, one decode delay before every token frame after the first. */
-async function paceFrames(ctx: SimContext, frames: Generator<string>, out: PassThrough, signal: AbortSignal): Promise<void> {
-  let tokenFrames = 0
+/** Writes frames to `out`, sleeping one decode delay at each `null` between token frames. */
+async function paceFrames(ctx: SimContext, frames: Generator<string | null>, out: PassThrough, signal: AbortSignal): Promise<void> {
   try {
     for (const f of frames) {
-      if (f.includes('"finish_reason"') && !f.includes('"role"')) {
-        if (tokenFrames++ > 0) await sleep(ctx.clock, ctx.config.decodeDelayMs, signal)
+      if (f === null) {
+        await sleep(ctx.clock, ctx.config.decodeDelayMs, signal)
+        continue
       }
       if (signal.aborted) throw signal.reason
       out.write(f)

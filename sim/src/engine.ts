@@ -3,8 +3,7 @@ import type { Random } from '../../common/random.js'
 import type { BlockAllocator } from './block-allocator.js'
 import { sleep } from './delays.js'
 import { SimNumTokensMismatchError } from './errors.js'
-import { generateTokens, kvDigest } from './generator.js'
-import { writePromptKv } from './kv-bytes.js'
+import { prefillAndGenerate, tokensFromKv } from './generator.js'
 import type { KvRegion } from './kv-region.js'
 import { parseRemoteKv, type KvSource, type RemoteKv } from './kv-source.js'
 import type { LeaseTable } from './leases.js'
@@ -122,8 +121,7 @@ export class SimEngine {
     let outputTokens: number[]
     try {
       await sleep(o.clock, o.prefillDelayMs, req.signal)
-      writePromptKv(o.region, blocks, tokens)
-      outputTokens = generateTokens(kvDigest(o.region, blocks, tokens.length), maxTokens)
+      outputTokens = prefillAndGenerate(o.region, blocks, tokens, maxTokens)
     } catch (err) {
       // An aborted prefill frees its blocks and returns no params, as vLLM does.
       o.allocator.free(blocks)
@@ -163,8 +161,7 @@ export class SimEngine {
     const o = this.#o
     const blocks = o.allocator.allocate(o.region.blocksFor(tokens.length))
     try {
-      writePromptKv(o.region, blocks, tokens)
-      return generateTokens(kvDigest(o.region, blocks, tokens.length), maxTokens)
+      return prefillAndGenerate(o.region, blocks, tokens, maxTokens)
     } finally {
       o.allocator.free(blocks)
     }
@@ -176,7 +173,7 @@ export class SimEngine {
     const blocks = o.allocator.allocate(o.region.blocksFor(tokens.length))
     try {
       await source.pull(remote, o.region, blocks, tokens.length, req.signal)
-      return generateTokens(kvDigest(o.region, blocks, tokens.length), maxTokens)
+      return tokensFromKv(o.region, blocks, tokens.length, maxTokens)
     } catch (err) {
       o.metrics.failedTransfers.inc(o.metrics.labels)
       throw err

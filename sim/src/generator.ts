@@ -1,4 +1,5 @@
 import { createHash } from 'node:crypto'
+import { writePromptKv } from './kv-bytes.js'
 import type { KvRegion } from './kv-region.js'
 
 /**
@@ -57,6 +58,20 @@ export function generateTokens(digest: Uint8Array, count: number): number[] {
     out.push(prev)
   }
   return out
+}
+
+/** `count` output tokens from the KV of positions [0, numTokens) held in `blockIds`. */
+export function tokensFromKv(region: KvRegion, blockIds: readonly number[], numTokens: number, count: number): number[] {
+  return generateTokens(kvDigest(region, blockIds, numTokens), count)
+}
+
+/**
+ * Prefill then generate: writes the prompt's KV into `blockIds` and generates from those
+ * bytes. The engine and the oracle both go through here, so they cannot drift apart.
+ */
+export function prefillAndGenerate(region: KvRegion, blockIds: readonly number[], tokens: Uint32Array, count: number): number[] {
+  writePromptKv(region, blockIds, tokens)
+  return tokensFromKv(region, blockIds, tokens.length, count)
 }
 
 /** Text of one output token: a leading space and a word, so concatenated chunks read well. */

@@ -1,7 +1,6 @@
 import type { ChatMessage } from '../../schemas/openai.js'
 import { SimConfig } from '../../schemas/sim-config.js'
-import { detokenize, generateTokens, kvDigest } from './generator.js'
-import { writePromptKv } from './kv-bytes.js'
+import { detokenize, prefillAndGenerate } from './generator.js'
 import { KvRegion } from './kv-region.js'
 import { promptTokens, resolveMaxTokens, type PromptSpec } from './prompt.js'
 
@@ -27,8 +26,7 @@ export function oracleTokensFor(tokens: Uint32Array, maxTokens: number, bytesPer
   // A private region sized to the prompt: block layout does not change the digest, which
   // runs over positions in order, so one block holding every position is enough.
   const region = KvRegion.allocate({ blockSize: Math.max(1, tokens.length), bytesPerToken, numBlocks: 1 })
-  writePromptKv(region, [0], tokens)
-  return generateTokens(kvDigest(region, [0], tokens.length), maxTokens)
+  return prefillAndGenerate(region, [0], tokens, maxTokens)
 }
 
 /**

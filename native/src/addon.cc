@@ -17,11 +17,7 @@ namespace {
 // on a worker thread.
 Napi::Value Load(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
-  if (info.Length() < 1 || !info[0].IsString()) {
-    Napi::Error err = Napi::TypeError::New(env, "library directory must be a string");
-    err.Set("code", Napi::String::New(env, "NAT_ERR_INVALID_ARG"));
-    throw err;
-  }
+  if (info.Length() < 1 || !info[0].IsString()) throw ArgError(env, "library directory must be a string");
   std::string dir = info[0].As<Napi::String>().Utf8Value();
   // NIXL's plugin manager is a singleton that reads NIXL_PLUGIN_DIR once, at the first agent.
   // Set it here, on the JS thread (setenv is not safe against concurrent getenv), unless the

@@ -17,12 +17,6 @@ using Clock = std::chrono::steady_clock;
 constexpr char kProbeNotif[] = "\0handoff-nixl-probe";
 constexpr size_t kProbeNotifLen = sizeof(kProbeNotif) - 1;
 
-Napi::Error ArgError(Napi::Env env, const std::string& message) {
-  Napi::Error err = Napi::TypeError::New(env, message);
-  err.Set("code", Napi::String::New(env, "NAT_ERR_INVALID_ARG"));
-  return err;
-}
-
 Napi::Promise Rejected(Napi::Env env, const Failure& f) {
   auto d = Napi::Promise::Deferred::New(env);
   d.Reject(ToJsError(env, f).Value());

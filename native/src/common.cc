@@ -50,6 +50,12 @@ Napi::Error ToJsError(Napi::Env env, const Failure& failure) {
   return err;
 }
 
+Napi::Error ArgError(Napi::Env env, const std::string& message) {
+  Napi::Error err = Napi::TypeError::New(env, message);
+  err.Set("code", Napi::String::New(env, "NAT_ERR_INVALID_ARG"));
+  return err;
+}
+
 OneShot::OneShot(Napi::Env env, Napi::Object owner, const char* name, ExecFn exec,
                  ResolveFn resolve)
     : Napi::AsyncWorker(env, name),

@@ -30,6 +30,9 @@ Failure MakeFailure(const char* code, std::string message);
 
 Napi::Error ToJsError(Napi::Env env, const Failure& failure);
 
+// A TypeError with code NAT_ERR_INVALID_ARG, thrown on the JS thread for a bad argument.
+Napi::Error ArgError(Napi::Env env, const std::string& message);
+
 // One-shot call: `exec` runs on a libuv worker thread and must touch no napi value; `resolve`
 // builds the result on the JS thread. Inputs are captured by value when the worker is made.
 class OneShot : public Napi::AsyncWorker {

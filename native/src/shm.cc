@@ -11,6 +11,8 @@
 #include <mutex>
 #include <string>
 
+#include "common.h"
+
 namespace hnx {
 namespace {
 
@@ -37,12 +39,6 @@ Napi::Error ShmError(Napi::Env env, const std::string& what, int err) {
   e.Set("code", Napi::String::New(env, "NAT_ERR_SHM"));
   e.Set("errno", Napi::Number::New(env, err));
   return e;
-}
-
-Napi::Error ArgError(Napi::Env env, const std::string& message) {
-  Napi::Error err = Napi::TypeError::New(env, message);
-  err.Set("code", Napi::String::New(env, "NAT_ERR_INVALID_ARG"));
-  return err;
 }
 
 // POSIX names are "/name" with no further slash (shm_overview(7)).

@@ -17,6 +17,8 @@ using Clock = std::chrono::steady_clock;
 constexpr char kProbeNotif[] = "\0handoff-nixl-probe";
 constexpr size_t kProbeNotifLen = sizeof(kProbeNotif) - 1;
 
+Failure AgentClosed() { return MakeFailure("NAT_ERR_AGENT_CLOSED", "the NIXL agent is closed"); }
+
 Napi::Promise Rejected(Napi::Env env, const Failure& f) {
   auto d = Napi::Promise::Deferred::New(env);
   d.Reject(ToJsError(env, f).Value());
@@ -184,9 +186,20 @@ NativeAgent::~NativeAgent() {
 }
 
 std::optional<Failure> NativeAgent::Unusable() const {
-  if (closed_) return MakeFailure("NAT_ERR_AGENT_CLOSED", "the NIXL agent is closed");
+  if (closed_) return AgentClosed();
   if (Nixl() == nullptr) return MakeFailure("NAT_ERR_NIXL_NOT_AVAILABLE", "NIXL is not loaded");
   return std::nullopt;
+}
+
+Napi::Promise NativeAgent::RunLocked(Napi::Env env, const char* name, LockedFn body, OneShot::ResolveFn resolve) {
+  return OneShot::Run(env, Value(), name,
+      [this, body = std::move(body)]() -> std::optional<Failure> {
+        const SymbolTable& api = *Nixl();
+        std::lock_guard<std::mutex> lock(nixl_mu_);
+        if (agent_ == nullptr) return AgentClosed();
+        return body(api);
+      },
+      std::move(resolve));
 }
 
 // create(name, progThread, syncMode, pthrDelayUs, busyPollUs, idlePollUs) -> Promise<void>
@@ -210,7 +223,7 @@ Napi::Value NativeAgent::Create(const Napi::CallbackInfo& info) {
       [this, name, cfg]() -> std::optional<Failure> {
         const SymbolTable& api = *Nixl();
         std::lock_guard<std::mutex> lock(nixl_mu_);
-        if (closed_) return MakeFailure("NAT_ERR_AGENT_CLOSED", "the NIXL agent is closed");
+        if (closed_) return AgentClosed();
         if (agent_ != nullptr) return MakeFailure("NAT_ERR_INVALID_ARG", "agent already created");
         Agent a = nullptr;
         Status st = api.create_configured_agent(name.c_str(), &cfg, &a);
@@ -234,11 +247,8 @@ Napi::Value NativeAgent::ListPlugins(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
   if (auto bad = Unusable()) return Rejected(env, *bad);
   auto names = std::make_shared<std::vector<std::string>>();
-  return OneShot::Run(env, Value(), "nixl.listPlugins",
-      [this, names]() -> std::optional<Failure> {
-        const SymbolTable& api = *Nixl();
-        std::lock_guard<std::mutex> lock(nixl_mu_);
-        if (agent_ == nullptr) return MakeFailure("NAT_ERR_AGENT_CLOSED", "the NIXL agent is closed");
+  return RunLocked(env, "nixl.listPlugins",
+      [this, names](const SymbolTable& api) -> std::optional<Failure> {
         StringList list = nullptr;
         Status st = api.get_available_plugins(agent_, &list);
         if (st != kSuccess) return StatusFailure("get_available_plugins", st);
@@ -255,11 +265,8 @@ Napi::Value NativeAgent::PluginParams(const Napi::CallbackInfo& info) {
   std::string plugin = StringArg(info, 0, "plugin name");
   auto pairs = std::make_shared<ParamPairs>();
   auto mems = std::make_shared<std::vector<std::string>>();
-  return OneShot::Run(env, Value(), "nixl.pluginParams",
-      [this, plugin, pairs, mems]() -> std::optional<Failure> {
-        const SymbolTable& api = *Nixl();
-        std::lock_guard<std::mutex> lock(nixl_mu_);
-        if (agent_ == nullptr) return MakeFailure("NAT_ERR_AGENT_CLOSED", "the NIXL agent is closed");
+  return RunLocked(env, "nixl.pluginParams",
+      [this, plugin, pairs, mems](const SymbolTable& api) -> std::optional<Failure> {
         MemList ml = nullptr;
         Params p = nullptr;
         Status st = api.get_plugin_params(agent_, plugin.c_str(), &ml, &p);
@@ -301,11 +308,8 @@ Napi::Value NativeAgent::CreateBackend(const Napi::CallbackInfo& info) {
   }
   auto effective = std::make_shared<ParamPairs>();
   auto mems = std::make_shared<std::vector<std::string>>();
-  return OneShot::Run(env, Value(), "nixl.createBackend",
-      [this, plugin, input, effective, mems]() -> std::optional<Failure> {
-        const SymbolTable& api = *Nixl();
-        std::lock_guard<std::mutex> lock(nixl_mu_);
-        if (agent_ == nullptr) return MakeFailure("NAT_ERR_AGENT_CLOSED", "the NIXL agent is closed");
+  return RunLocked(env, "nixl.createBackend",
+      [this, plugin, input, effective, mems](const SymbolTable& api) -> std::optional<Failure> {
         Params p = nullptr;
         Status st = api.create_params(&p);
         if (st != kSuccess) return StatusFailure("create_params", st);
@@ -348,11 +352,8 @@ Napi::Value NativeAgent::MemoryCall(const Napi::CallbackInfo& info, bool do_regi
   if (auto bad = Unusable()) return Rejected(env, *bad);
   MemType kind = KindArg(info, 0);
   std::vector<uint64_t> triples = TriplesArg(info, 1, "descriptors");
-  return OneShot::Run(env, Value(), do_register ? "nixl.registerMem" : "nixl.deregisterMem",
-      [this, kind, triples, do_register]() -> std::optional<Failure> {
-        const SymbolTable& api = *Nixl();
-        std::lock_guard<std::mutex> lock(nixl_mu_);
-        if (agent_ == nullptr) return MakeFailure("NAT_ERR_AGENT_CLOSED", "the NIXL agent is closed");
+  return RunLocked(env, do_register ? "nixl.registerMem" : "nixl.deregisterMem",
+      [this, kind, triples, do_register](const SymbolTable& api) -> std::optional<Failure> {
         RegDlist list = nullptr;
         Status st = api.create_reg_dlist(kind, &list);
         if (st != kSuccess) return StatusFailure("create_reg_dlist", st);
@@ -379,11 +380,8 @@ Napi::Value NativeAgent::LocalMetadata(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
   if (auto bad = Unusable()) return Rejected(env, *bad);
   auto blob = std::make_shared<std::string>();
-  return OneShot::Run(env, Value(), "nixl.localMetadata",
-      [this, blob]() -> std::optional<Failure> {
-        const SymbolTable& api = *Nixl();
-        std::lock_guard<std::mutex> lock(nixl_mu_);
-        if (agent_ == nullptr) return MakeFailure("NAT_ERR_AGENT_CLOSED", "the NIXL agent is closed");
+  return RunLocked(env, "nixl.localMetadata",
+      [this, blob](const SymbolTable& api) -> std::optional<Failure> {
         void* data = nullptr;
         size_t len = 0;
         Status st = api.get_local_md(agent_, &data, &len);
@@ -403,11 +401,8 @@ Napi::Value NativeAgent::LoadRemoteMetadata(const Napi::CallbackInfo& info) {
   if (b.Length() == 0) throw ArgError(env, "metadata must not be empty");
   std::string blob(b.Data(), b.Length());
   auto peer = std::make_shared<std::string>();
-  return OneShot::Run(env, Value(), "nixl.loadRemoteMetadata",
-      [this, blob, peer]() -> std::optional<Failure> {
-        const SymbolTable& api = *Nixl();
-        std::lock_guard<std::mutex> lock(nixl_mu_);
-        if (agent_ == nullptr) return MakeFailure("NAT_ERR_AGENT_CLOSED", "the NIXL agent is closed");
+  return RunLocked(env, "nixl.loadRemoteMetadata",
+      [this, blob, peer](const SymbolTable& api) -> std::optional<Failure> {
         char* name = nullptr;
         Status st = api.load_remote_md(agent_, blob.data(), blob.size(), &name);
         if (st != kSuccess) {
@@ -427,11 +422,8 @@ Napi::Value NativeAgent::InvalidatePeer(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
   if (auto bad = Unusable()) return Rejected(env, *bad);
   std::string peer = StringArg(info, 0, "peer name");
-  return OneShot::Run(env, Value(), "nixl.invalidatePeer",
-      [this, peer]() -> std::optional<Failure> {
-        const SymbolTable& api = *Nixl();
-        std::lock_guard<std::mutex> lock(nixl_mu_);
-        if (agent_ == nullptr) return MakeFailure("NAT_ERR_AGENT_CLOSED", "the NIXL agent is closed");
+  return RunLocked(env, "nixl.invalidatePeer",
+      [this, peer](const SymbolTable& api) -> std::optional<Failure> {
         bool known = peers_.erase(peer) > 0;
         Status st = api.invalidate_remote_md(agent_, peer.c_str());
         if (st != kSuccess) {
@@ -450,11 +442,8 @@ Napi::Value NativeAgent::CheckPeer(const Napi::CallbackInfo& info) {
   if (auto bad = Unusable()) return Rejected(env, *bad);
   std::string peer = StringArg(info, 0, "peer name");
   auto present = std::make_shared<bool>(false);
-  return OneShot::Run(env, Value(), "nixl.checkPeer",
-      [this, peer, present]() -> std::optional<Failure> {
-        const SymbolTable& api = *Nixl();
-        std::lock_guard<std::mutex> lock(nixl_mu_);
-        if (agent_ == nullptr) return MakeFailure("NAT_ERR_AGENT_CLOSED", "the NIXL agent is closed");
+  return RunLocked(env, "nixl.checkPeer",
+      [this, peer, present](const SymbolTable& api) -> std::optional<Failure> {
         *present = api.check_remote_md(agent_, peer.c_str(), nullptr) == kSuccess;
         return std::nullopt;
       },
@@ -468,11 +457,8 @@ Napi::Value NativeAgent::GenNotif(const Napi::CallbackInfo& info) {
   std::optional<std::string> msg = OptionalBytes(info, 1);
   if (!msg) throw ArgError(env, "notification must be a Buffer");
   std::string body = *msg;
-  return OneShot::Run(env, Value(), "nixl.genNotif",
-      [this, peer, body]() -> std::optional<Failure> {
-        const SymbolTable& api = *Nixl();
-        std::lock_guard<std::mutex> lock(nixl_mu_);
-        if (agent_ == nullptr) return MakeFailure("NAT_ERR_AGENT_CLOSED", "the NIXL agent is closed");
+  return RunLocked(env, "nixl.genNotif",
+      [this, peer, body](const SymbolTable& api) -> std::optional<Failure> {
         Status st = api.gen_notif(agent_, peer.c_str(), body.data(), body.size(), nullptr);
         if (st != kSuccess) {
           Failure f = StatusFailure("gen_notif", st, peer);
@@ -651,7 +637,7 @@ void NativeAgent::Emit(std::vector<Event*>& out) {
 void NativeAgent::StartRead(PendingRead& r, std::vector<Event*>& out) {
   const SymbolTable& api = *Nixl();
   if (agent_ == nullptr) {
-    FinishRead(r, MakeFailure("NAT_ERR_AGENT_CLOSED", "the NIXL agent is closed"), out);
+    FinishRead(r, AgentClosed(), out);
     return;
   }
   Status st = api.create_xfer_dlist(r.local_kind, &r.local_list);

@@ -17,6 +17,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -31,6 +32,7 @@
 namespace hnx {
 
 class NativeAgent;
+struct SymbolTable;
 
 // Something the poll thread hands to the JS thread.
 struct Event {
@@ -101,6 +103,10 @@ class NativeAgent : public Napi::ObjectWrap<NativeAgent> {
   Napi::Value Close(const Napi::CallbackInfo& info);
 
   Napi::Value MemoryCall(const Napi::CallbackInfo& info, bool do_register);
+  // The shape every one-shot NIXL call but create shares: `body` runs on a libuv worker under
+  // nixl_mu_, and only while the NIXL agent exists (NAT_ERR_AGENT_CLOSED otherwise).
+  using LockedFn = std::function<std::optional<Failure>(const SymbolTable& api)>;
+  Napi::Promise RunLocked(Napi::Env env, const char* name, LockedFn body, OneShot::ResolveFn resolve);
   // Rejected promise for calls made after close() or before the library is loaded.
   std::optional<Failure> Unusable() const;
 

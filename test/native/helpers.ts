@@ -51,7 +51,6 @@ export interface Target {
 }
 
 const fixture = join(packageRoot, 'test', 'native', 'fixtures', 'target.ts')
-let reqIds = 1
 
 /** Starts the target process and initializes its NIXL agent; bounded by `readyMs`. */
 export async function startTarget(
@@ -65,6 +64,8 @@ export async function startTarget(
     env: { ...process.env, ...env, NIXL_LIB_DIR: libDir, HANDOFF_NIXL_TARGET: '1' },
     stdio: ['ignore', 'inherit', 'inherit', 'ipc'],
   })
+  // Request ids only need to be unique per child: each has its own pending map.
+  let reqIds = 1
   const pending = new Map<number, { resolve: (v: unknown) => void; reject: (e: Error) => void }>()
   child.on('message', (m: unknown) => {
     const msg = m as { reqId?: number; ok?: boolean; result?: unknown; error?: { code: string; message: string } }

@@ -113,6 +113,25 @@ export async function startTarget(
   }
 }
 
+export interface TargetNotification {
+  peer: string
+  message: string
+}
+
+/**
+ * Polls the notifications the target has received until one carries `message`; resolves
+ * with it, or with undefined once `timeoutMs` has passed.
+ */
+export async function waitForTargetNotification(target: Target, message: string, timeoutMs = 10_000): Promise<TargetNotification | undefined> {
+  const deadline = Date.now() + timeoutMs
+  for (;;) {
+    const { notifications } = await target.call<{ notifications: TargetNotification[] }>({ cmd: 'notifications' })
+    const hit = notifications.find((n) => n.message === message)
+    if (hit || Date.now() >= deadline) return hit
+    await new Promise((r) => setTimeout(r, 20))
+  }
+}
+
 export function withTimeout<T>(p: Promise<T>, ms: number, what: string): Promise<T> {
   let timer: NodeJS.Timeout | undefined
   return Promise.race([

@@ -68,14 +68,21 @@ export class SimEngine {
 
   async run(req: EngineRequest): Promise<EngineResult> {
     const o = this.#o
-    const internalId = `${req.responseId}-${o.random.hex(4)}`
+    const started = o.clock.monotonic()
+    o.metrics.promptTokens.inc(o.metrics.labels, req.input.tokens.length)
+    const result = await this.#serve(req, `${req.responseId}-${o.random.hex(4)}`)
+    // Every leg has its first token once #serve returns; failed requests record no TTFT.
+    o.metrics.ttft.observe(o.metrics.labels, (o.clock.monotonic() - started) / 1000)
+    return result
+  }
+
+  async #serve(req: EngineRequest, internalId: string): Promise<EngineResult> {
+    const o = this.#o
     const params = req.kvTransferParams ?? undefined
     const { tokens, maxTokens } = req.input
-    const started = o.clock.monotonic()
-    o.metrics.promptTokens.inc(o.metrics.labels, tokens.length)
 
     if (params?.do_remote_decode === true) {
-      if (o.role !== 'decode') return this.#prefillLeg(req, internalId, started)
+      if (o.role !== 'decode') return this.#prefillLeg(req, internalId)
       req.log.warn({ internalId }, 'do_remote_decode sent to a decode-only simulator; serving locally')
     }
 
@@ -109,12 +116,11 @@ export class SimEngine {
       await sleep(o.clock, o.prefillDelayMs, req.signal)
       outputTokens = this.#computeLocally(tokens, maxTokens)
     }
-    o.metrics.ttft.observe(o.metrics.labels, (o.clock.monotonic() - started) / 1000)
     return { internalId, mode, promptTokens: tokens.length, outputTokens, kvTransferParams: null }
   }
 
   /** P leg: prefill into blocks, keep them under a lease (agent mode), answer with the params. */
-  async #prefillLeg(req: EngineRequest, internalId: string, started: number): Promise<EngineResult> {
+  async #prefillLeg(req: EngineRequest, internalId: string): Promise<EngineResult> {
     const o = this.#o
     const { tokens, maxTokens } = req.input
     const blocks = o.allocator.allocate(o.region.blocksFor(tokens.length))
@@ -136,7 +142,6 @@ export class SimEngine {
       o.leases.pin(internalId, blocks)
       expiry = (o.leases.expiresAtWall(internalId) ?? 0) / 1000
     }
-    o.metrics.ttft.observe(o.metrics.labels, (o.clock.monotonic() - started) / 1000)
     const kvTransferParams = {
       do_remote_prefill: true,
       do_remote_decode: false,

@@ -121,6 +121,11 @@ export function buildApp(deps: SimDeps): FastifyInstance {
   })
 
   app.setErrorHandler((err: FastifyError, request, reply) => {
+    // The client left (a router aborting its leg): nothing to answer and nothing went wrong here.
+    if (reply.raw.destroyed || request.raw.socket?.destroyed) {
+      request.log.info({ reason: err.message }, 'client went away')
+      return
+    }
     const status = err.validation ? 400 : (err.statusCode ?? 500)
     if (status >= 500) request.log.error({ err }, 'request failed')
     else request.log.info({ code: err.code, msg: err.message }, 'request rejected')

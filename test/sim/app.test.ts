@@ -272,7 +272,29 @@ t.test('disconnect fault and decode delays over a real socket', async (t) => {
   t.match(m, 'vllm:num_requests_running{model_name="handoff/sim-1",engine="0"} 0', 'cut requests are not left running')
 })
 
-t.test('client abort during a stall frees the request; close ends stalls', async (t) => {
+t.test('a client that aborts during a stall ends the request at once', async (t) => {
+  const { app, logs } = build(t, { faults: { stallRate: 1, stallMs: 60_000 } } as Partial<SimConfig>)
+  const url = await app.listen({ host: '127.0.0.1', port: 0 })
+  const ac = new AbortController()
+  const pending = fetch(`${url}/v1/completions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ model: MODEL, prompt: 'x' }),
+    signal: ac.signal,
+  }).catch((err: unknown) => err)
+  const stalled = (): boolean => logs.some((l) => l.msg === 'injected stall')
+  for (let i = 0; i < 100 && !stalled(); i++) await new Promise((r) => setTimeout(r, 20))
+  t.ok(stalled(), 'the request is stalling')
+  ac.abort()
+  t.type(await pending, Error)
+  // The handler ends as soon as the client is gone, and says so without an error.
+  const gone = (): Record<string, unknown> | undefined => logs.find((l) => l.msg === 'client went away')
+  for (let i = 0; i < 100 && !gone(); i++) await new Promise((r) => setTimeout(r, 20))
+  t.equal(gone()?.level, 30, 'the handler finished within 2 s, logged at info, not after the 60 s stall')
+  t.notOk(logs.some((l) => l.msg === 'request failed'), 'a client leaving is not an engine failure')
+})
+
+t.test('close ends stalls at once', async (t) => {
   const { app } = build(t, { faults: { stallRate: 1, stallMs: 60_000 } } as Partial<SimConfig>)
   const url = await app.listen({ host: '127.0.0.1', port: 0 })
   const pending = fetch(`${url}/v1/completions`, {

@@ -82,14 +82,22 @@ t.test('D answers 500: 502, non-streamed and streamed (before any byte)', async 
   t.equal(s.status, 502, 'nothing was sent yet, so a proper status')
 })
 
+async function requestsCounted(outcome: string): Promise<number> {
+  const m = new RegExp(`^handoff_router_requests_total\\{mode="pd",outcome="${outcome}"\\} (\\d+)`, 'm').exec((await get(`${url}/metrics`)).text)
+  return Number(m?.[1] ?? 0)
+}
+
 t.test('D closes mid-stream: the stream ends with an error event', async (t) => {
   await faults(d, { disconnectRate: 1 })
+  const resetsBefore = await requestsCounted('RTR_ERR_UPSTREAM_RESET')
   const res = await post(`${url}/v1/completions`, { ...body, stream: true })
   t.equal(res.status, 200, 'headers were already relayed')
   const events = sseEvents(res.text)
   const last = events.filter((e) => e !== '[DONE]').at(-1) as { error?: { code: string } } | undefined
   t.equal(last?.error?.code, 'RTR_ERR_UPSTREAM_RESET')
   t.equal(events.at(-1), '[DONE]')
+  // The request is counted by how the stream ended, not by its 200 head.
+  t.equal(await requestsCounted('RTR_ERR_UPSTREAM_RESET'), resetsBefore + 1)
 })
 
 t.test('D stalls before answering: 504', async (t) => {
@@ -113,6 +121,7 @@ t.test('a client that disconnects mid-stream aborts the decode leg', async (t) =
   ac.abort()
   t.ok(await waitFor(async () => (await running(d)) === 0, 5000), 'D stopped generating')
   t.ok(await waitFor(() => logs.some((l) => l.msg === 'client went away; upstream work aborted'), 3000), 'logged')
+  t.ok(await waitFor(async () => (await requestsCounted('client_gone')) === 1, 3000), 'counted as client_gone')
 })
 
 t.test('a client that disconnects during prefill aborts the prefill leg and never reaches D', async (t) => {

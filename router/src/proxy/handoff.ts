@@ -86,8 +86,9 @@ export class HandoffProxy {
     const started = clock.monotonic()
     metrics.inflight.inc()
     let outcome = 'ok'
-    // A streamed answer outlives this function; its relay observes the duration at the end.
-    const observeDuration = (): void => {
+    // A streamed answer outlives this function: its relay reports the outcome when it ends.
+    const finish = (result: string): void => {
+      metrics.requests.inc({ mode: route.mode, outcome: result })
       metrics.requestDuration.observe({ mode: route.mode }, (clock.monotonic() - started) / 1000)
     }
     let streaming = false
@@ -122,7 +123,7 @@ export class HandoffProxy {
       const onFirstByte = (): void => {
         if (route.mode === 'pd') metrics.handoffGap.observe((clock.monotonic() - prefillDone) / 1000)
       }
-      const sent = await this.#decode(req, reply, decoder, path, decodeBody(body, params), headers, abort.signal, onFirstByte, observeDuration)
+      const sent = await this.#decode(req, reply, decoder, path, decodeBody(body, params), headers, abort.signal, onFirstByte, finish)
       streaming = sent.streaming
       return sent.reply
     } catch (err) {
@@ -143,8 +144,7 @@ export class HandoffProxy {
       throw err
     } finally {
       metrics.inflight.dec()
-      metrics.requests.inc({ mode: route.mode, outcome })
-      if (!streaming) observeDuration()
+      if (!streaming) finish(outcome)
     }
   }
 
@@ -188,7 +188,7 @@ export class HandoffProxy {
     headers: Record<string, string>,
     signal: AbortSignal,
     onFirstByte: () => void,
-    onStreamEnd: () => void,
+    onStreamEnd: (outcome: string) => void,
   ): Promise<{ reply: FastifyReply; streaming: boolean }> {
     const { registry, ledger } = this.#d
     registry.acquire(d.id)
@@ -220,11 +220,11 @@ export class HandoffProxy {
       }
       // Streamed: relay chunk by chunk, no buffering. Past this point the status is sent, so
       // a failure can only end the stream with an error event.
-      const relay = this.#relay(d, res.body, signal, () => ledger.done(req.id), (ok) => {
+      const relay = this.#relay(d, res.body, signal, () => ledger.done(req.id), (outcome) => {
         releaseOnce()
-        if (ok) registry.recordSuccess(d.id)
-        else if (signal.aborted) req.log.info('client went away; upstream work aborted')
-        onStreamEnd()
+        if (outcome === 'ok') registry.recordSuccess(d.id)
+        else if (outcome === 'client_gone') req.log.info('client went away; upstream work aborted')
+        onStreamEnd(outcome)
       })
       released = true // the relay's end callback owns the release now
       reply.code(res.statusCode).header('content-type', contentType).header('cache-control', 'no-cache')
@@ -234,9 +234,10 @@ export class HandoffProxy {
     }
   }
 
-  async *#relay(d: InstanceView, body: Dispatcher.ResponseData['body'], signal: AbortSignal, onFirst: () => void, onEnd: (ok: boolean) => void): AsyncGenerator<Buffer> {
+  async *#relay(d: InstanceView, body: Dispatcher.ResponseData['body'], signal: AbortSignal, onFirst: () => void, onEnd: (outcome: string) => void): AsyncGenerator<Buffer> {
     let first = true
-    let ok = false
+    // Until the body ends cleanly, an early return (the client left) is the outcome.
+    let outcome = 'client_gone'
     try {
       for await (const chunk of body as AsyncIterable<Buffer>) {
         if (first) {
@@ -245,16 +246,17 @@ export class HandoffProxy {
         }
         yield chunk
       }
-      ok = true
+      outcome = 'ok'
     } catch (err) {
       if (signal.aborted) return
       const mapped = mapUpstreamFailure({ kind: 'transport', cause: err }, 'decode', d.id)
+      outcome = mapped.code
       this.#d.metrics.upstreamErrors.inc({ leg: 'decode', code: mapped.code })
       if (countsAgainstInstance(mapped)) this.#d.registry.recordFailure(d.id)
       yield Buffer.from(errorEvent(mapped))
     } finally {
-      if (!ok && !body.destroyed) body.destroy()
-      onEnd(ok)
+      if (outcome !== 'ok' && !body.destroyed) body.destroy()
+      onEnd(outcome)
     }
   }
 

@@ -22,5 +22,8 @@ export function announceReady(service: string, url: string): void {
   if (typeof process.send === 'function' && process.connected) {
     const msg: ReadyMessage = { type: 'handoff:ready', service, url }
     process.send(msg)
+    // The channel closes when the parent dies (even by SIGKILL): shut down gracefully rather
+    // than live on as an orphan holding a port.
+    process.once('disconnect', () => process.kill(process.pid, 'SIGTERM'))
   }
 }

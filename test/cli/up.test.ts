@@ -60,3 +60,22 @@ t.test('handoff up rejects bad flags clearly', async (t) => {
   t.equal(code, 1)
   t.match(err, /at least one --decode or --both/)
 })
+
+t.test('children of a killed handoff up shut themselves down', async (t) => {
+  const up = spawn(process.execPath, [cliEntry, 'up', '--prefill', '1', '--decode', '1', '--port', '0'], { stdio: ['ignore', 'pipe', 'pipe'] })
+  t.teardown(() => {
+    if (up.exitCode === null) up.kill('SIGKILL')
+  })
+  let out = ''
+  up.stdout.on('data', (c: Buffer) => (out += c.toString()))
+  const ready = await waitFor(() => out.includes('handoff ready'), 60000)
+  t.ok(ready, 'ready')
+  if (!ready) return
+  const { execFileSync } = await import('node:child_process')
+  const pids = execFileSync('pgrep', ['-P', String(up.pid)]).toString().trim().split('\n').map(Number)
+  t.equal(pids.length, 3)
+  // SIGKILL gives up no chance to stop its children; their IPC channel closing must.
+  up.kill('SIGKILL')
+  await once(up, 'exit')
+  t.ok(await waitFor(() => pids.every((pid) => !alive(pid)), 10000), 'no orphan left behind')
+})

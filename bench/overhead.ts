@@ -123,10 +123,16 @@ export async function runOverheadBench(argv: string[]): Promise<void> {
       }
       for (const concurrency of concurrencies) {
         const loop = { concurrency, maxRequests, maxSeconds: seconds }
-        // Warm both paths (connections, JIT) before measuring.
-        await closedLoop({ ...loop, maxRequests: Math.min(50, maxRequests), send: direct })
-        await closedLoop({ ...loop, maxRequests: Math.min(50, maxRequests), send: viaRouter })
-        await closedLoop({ ...loop, maxRequests: Math.min(50, maxRequests), send: viaBare })
+        // Warm every path (connections, JIT) before measuring.
+        for (const send of [direct, viaRouter, viaBare]) await closedLoop({ ...loop, maxRequests: Math.min(50, maxRequests), send })
+        // One measured loop, with the CPU the given processes spent during it.
+        const cpuOf = (pids: number[]): number => pids.reduce((sum, pid) => sum + cpuSeconds(pid), 0)
+        const measure = async (send: () => Promise<void>, pids: number[]): Promise<{ load: LoadResult; cpu: number }> => {
+          const before = cpuOf(pids)
+          const load = await closedLoop({ ...loop, send })
+          return { load, cpu: cpuOf(pids) - before }
+        }
+        const enginePids = [p.child.pid as number, d.child.pid as number]
         const empty = (): LoadResult => ({ latenciesMs: [], errors: 0, wallSeconds: 0 })
         let d0 = empty()
         let r0 = empty()
@@ -134,17 +140,17 @@ export async function runOverheadBench(argv: string[]): Promise<void> {
         let cpu = 0
         let bareCpu = 0
         let enginesCpu = 0
-        const engines = (): number => cpuSeconds(p.child.pid as number) + cpuSeconds(d.child.pid as number)
         for (let r = 0; r < rounds; r++) {
-          d0 = merge(d0, await closedLoop({ ...loop, send: direct }))
-          const bc0 = cpuSeconds(barePid)
-          b0 = merge(b0, await closedLoop({ ...loop, send: viaBare }))
-          bareCpu += cpuSeconds(barePid) - bc0
-          const c0 = cpuSeconds(routerPid)
-          const e0 = engines()
-          r0 = merge(r0, await closedLoop({ ...loop, send: viaRouter }))
-          cpu += cpuSeconds(routerPid) - c0
-          enginesCpu += engines() - e0
+          d0 = merge(d0, (await measure(direct, [])).load)
+          const b = await measure(viaBare, [barePid])
+          b0 = merge(b0, b.load)
+          bareCpu += b.cpu
+          // Router and engines over the same loop: separate readings of one measurement.
+          const before = cpuOf(enginePids)
+          const rt = await measure(viaRouter, [routerPid])
+          r0 = merge(r0, rt.load)
+          cpu += rt.cpu
+          enginesCpu += cpuOf(enginePids) - before
         }
         const cell: Cell = {
           size,

@@ -50,6 +50,11 @@ export interface EngineIdChange {
   current: string
 }
 
+/** Eligible for new work: not probed down (unprobed counts as up) and not ejected at `now`. */
+function eligible(s: InstanceState, now: number): boolean {
+  return s.probedUp !== false && now >= s.ejectedUntil
+}
+
 /**
  * The one owner of instance state. Active probes and passive request outcomes both report
  * here; selection works on `snapshot()`, a frozen copy, so it stays a pure function.
@@ -153,8 +158,7 @@ export class TopologyRegistry {
   }
 
   isUp(id: string): boolean {
-    const s = this.#get(id)
-    return s.probedUp !== false && this.#clock.monotonic() >= s.ejectedUntil
+    return eligible(this.#get(id), this.#clock.monotonic())
   }
 
   /**
@@ -185,7 +189,7 @@ export class TopologyRegistry {
           url: s.url,
           labels: s.labels,
           engineId: s.engineId,
-          healthy: s.probedUp !== false && now >= s.ejectedUntil,
+          healthy: eligible(s, now),
           inflight: s.inflight,
           models: s.models,
         }),

@@ -40,14 +40,12 @@ export const PREFILL_REQUEST_PARAMS = Object.freeze({
   remote_port: null,
 })
 
-/** The fields a decoder needs before it will register a remote read (protocol reference §1.4). */
-export const REQUIRED_HANDOFF_FIELDS = [
-  'remote_engine_id',
-  'remote_block_ids',
-  'remote_request_id',
-  'remote_host',
-  'remote_port',
-] as const
+/**
+ * The fields a decoder needs before it will register a remote read (protocol reference §1.4).
+ * `remote_request_id` is not among them: vLLM releases before late 2025 (PR #29665) do not
+ * send it, and requiring it would make every request on them re-prefill silently.
+ */
+export const REQUIRED_HANDOFF_FIELDS = ['remote_engine_id', 'remote_block_ids', 'remote_host', 'remote_port'] as const
 
 /** True when P's answer carries everything D needs to read the blocks. */
 export function isCompleteHandoff(params: unknown): params is KvTransferParams {

@@ -56,6 +56,10 @@ export const RouterConfig = Type.Object(
         decodeHeadersMs: Type.Integer({ minimum: 1, default: 120000 }),
         // Longest silence between two body chunks of a streamed answer.
         idleMs: Type.Integer({ minimum: 1, default: 300000 }),
+        // Idle upstream sockets are closed after this long. It must stay below the engine's own
+        // keep-alive (uvicorn, and so vLLM, closes idle sockets after 5 s), or a request can be
+        // written to a socket the engine is closing.
+        upstreamKeepAliveMs: Type.Integer({ minimum: 1, default: 4000 }),
       },
       { default: {}, additionalProperties: false },
     ),
@@ -63,6 +67,19 @@ export const RouterConfig = Type.Object(
       {
         bodyBytes: Type.Integer({ minimum: 1024, default: 16 * 1024 * 1024 }),
         connectionsPerUpstream: Type.Integer({ minimum: 1, default: 256 }),
+        // Requests in flight on one instance (its concurrency cap); more wait in the admission
+        // queue. vLLM's default max_num_seqs is 256: beyond it the engine only queues internally.
+        maxInflightPerInstance: Type.Integer({ minimum: 1, default: 256 }),
+      },
+      { default: {}, additionalProperties: false },
+    ),
+    // When every eligible instance is at its cap, requests wait here (FIFO); a full queue or a
+    // wait that runs out is answered 429 with Retry-After. Overload is not failure.
+    admission: Type.Object(
+      {
+        queueLength: Type.Integer({ minimum: 0, default: 1024 }),
+        queueTimeoutMs: Type.Integer({ minimum: 1, default: 30000 }),
+        retryAfterSeconds: Type.Integer({ minimum: 1, default: 1 }),
       },
       { default: {}, additionalProperties: false },
     ),
@@ -70,7 +87,8 @@ export const RouterConfig = Type.Object(
       {
         intervalMs: Type.Integer({ minimum: 50, default: 5000 }),
         timeoutMs: Type.Integer({ minimum: 10, default: 2000 }),
-        // Consecutive failures (probe or request) that eject an instance.
+        // Consecutive failed probes that mark an instance down, and consecutive connect failures
+        // of requests that eject it. Slow answers and engine error answers never count.
         unhealthyThreshold: Type.Integer({ minimum: 1, default: 3 }),
         // First ejection length; doubles on each re-ejection up to maxEjectionMs.
         baseEjectionMs: Type.Integer({ minimum: 1, default: 5000 }),

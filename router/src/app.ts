@@ -21,10 +21,12 @@ import {
   type CodedError,
   type RouterErrorCode,
 } from './errors.js'
+import { Admission } from './admission/admission.js'
 import { untrackedLedger, type LeaseLedger } from './leases/ledger.js'
 import { createRouterMetrics } from './metrics.js'
 import { bearerChecker } from './plugins/auth.js'
-import { HandoffProxy } from './proxy/handoff.js'
+import { CompletionProxy } from './proxy/proxy.js'
+import { Upstream } from './proxy/upstream.js'
 import { completionRoutes } from './routes/completions.js'
 import { healthRoutes } from './routes/health.js'
 import { metricsRoutes } from './routes/metrics.js'
@@ -49,16 +51,30 @@ const REQUEST_ID = /^[A-Za-z0-9._:-]{1,128}$/
 function upstreamAgent(config: RouterConfig): Agent {
   return new Agent({
     connections: config.limits.connectionsPerUpstream,
-    keepAliveTimeout: 30_000,
+    // Below the engine's own keep-alive (uvicorn: 5 s), and never raised by a server's hint.
+    keepAliveTimeout: config.timeouts.upstreamKeepAliveMs,
+    keepAliveMaxTimeout: config.timeouts.upstreamKeepAliveMs,
     connect: { timeout: config.timeouts.connectMs },
     headersTimeout: config.timeouts.decodeHeadersMs,
     bodyTimeout: config.timeouts.idleMs,
   })
 }
 
-function httpGet(dispatcher: Dispatcher): HttpGet {
+/** Probes get connections of their own: queued behind traffic they would time out under load. */
+function probeAgent(config: RouterConfig): Agent {
+  return new Agent({
+    connections: 2,
+    keepAliveTimeout: config.timeouts.upstreamKeepAliveMs,
+    keepAliveMaxTimeout: config.timeouts.upstreamKeepAliveMs,
+    connect: { timeout: Math.min(config.timeouts.connectMs, config.health.timeoutMs) },
+  })
+}
+
+function httpGet(dispatcher: Dispatcher, apiKey: string | undefined): HttpGet {
+  // Engines started with --api-key guard /v1 (so /v1/models); the key goes on every probe.
+  const headers = apiKey ? { authorization: `Bearer ${apiKey}` } : {}
   return async (url, timeoutMs) => {
-    const res = await request(url, { dispatcher, headersTimeout: timeoutMs, bodyTimeout: timeoutMs, signal: AbortSignal.timeout(timeoutMs) })
+    const res = await request(url, { dispatcher, headers, headersTimeout: timeoutMs, bodyTimeout: timeoutMs, signal: AbortSignal.timeout(timeoutMs) })
     return { status: res.statusCode, text: await res.body.text() }
   }
 }
@@ -102,32 +118,49 @@ export async function buildApp(deps: RouterDeps): Promise<FastifyInstance> {
     ajv: { customOptions: { coerceTypes: false, removeAdditional: false, useDefaults: false, allErrors: false } },
   })
   for (const s of sharedSchemas) app.addSchema(s)
+  // Only JSON is accepted: without this, text/plain would be parsed as a string and fail
+  // validation as a 400 instead of the documented 415.
+  app.removeContentTypeParser('text/plain')
 
   const registry = new TopologyRegistry({ clock, policy: config.health, instances: config.instances })
   const metrics = createRouterMetrics(new Registry())
   const dispatcher = upstreamAgent(config)
-  const proxy = new HandoffProxy({
+  const probes = probeAgent(config)
+  const admission = new Admission({
     registry,
-    dispatcher,
+    clock,
+    random,
+    pairing: config.pairing,
+    cap: config.limits.maxInflightPerInstance,
+    ...config.admission,
+    metrics: { queueDepth: metrics.queueDepth, queueWait: metrics.queueWait },
+  })
+  const proxy = new CompletionProxy({
+    registry,
+    admission,
+    upstream: new Upstream({ dispatcher, registry, metrics }),
     ledger: deps.ledger ?? untrackedLedger,
     metrics,
     clock,
     random,
-    pairing: config.pairing,
     timeouts: config.timeouts,
     ...(config.upstreamApiKey ? { upstreamApiKey: config.upstreamApiKey } : {}),
   })
   const prober = new Prober({
     registry,
-    get: httpGet(dispatcher),
+    get: httpGet(probes, config.upstreamApiKey),
     clock,
     log: app.log.child({ component: 'prober' }),
     intervalMs: config.health.intervalMs,
     timeoutMs: config.health.timeoutMs,
-    onChange: (id, up) => {
-      const role = config.instances.find((i) => i.id === id)?.role ?? 'unknown'
-      metrics.instanceUp.set({ instance: id, role }, up ? 1 : 0)
-    },
+  })
+  const topologyLog = app.log.child({ component: 'topology' })
+  registry.subscribe((change) => {
+    if (change.type === 'released') return
+    const role = config.instances.find((i) => i.id === change.instanceId)?.role ?? 'unknown'
+    if (change.type === 'up' || change.type === 'down') metrics.instanceUp.set({ instance: change.instanceId, role }, change.type === 'up' ? 1 : 0)
+    if (change.type === 'ejected' || change.type === 'engine_id_changed') metrics.topologyChanges.inc({ type: change.type })
+    topologyLog.info({ ...change }, `instance ${change.instanceId}: ${change.type}`)
   })
 
   // Graceful close: server.close() waits for every open connection, and a keep-alive
@@ -164,7 +197,8 @@ export async function buildApp(deps: RouterDeps): Promise<FastifyInstance> {
   })
   app.addHook('onClose', async () => {
     prober.stop()
-    await dispatcher.close()
+    admission.close()
+    await Promise.all([dispatcher.close(), probes.close()])
   })
 
   app.setErrorHandler((err: FastifyError, req, reply) => {
@@ -176,6 +210,8 @@ export async function buildApp(deps: RouterDeps): Promise<FastifyInstance> {
       reply.raw.destroy()
       return
     }
+    const retryAfter = (mapped as { retryAfterSeconds?: number }).retryAfterSeconds
+    if (retryAfter !== undefined) reply.header('retry-after', String(retryAfter))
     return reply.code(status).send(errorBody(mapped))
   })
   app.setNotFoundHandler((req, reply) => {

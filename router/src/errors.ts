@@ -24,6 +24,7 @@ export const errorSpecs = {
   RTR_ERR_ROUTE_NOT_FOUND: { status: 404, type: 'not_found_error', message: 'route %s not found' },
   RTR_ERR_NO_INSTANCE: { status: 503, type: 'server_error', message: 'no healthy instance can serve model `%s`' },
   RTR_ERR_SHUTTING_DOWN: { status: 503, type: 'server_error', message: 'the router is shutting down' },
+  RTR_ERR_OVERLOADED: { status: 429, type: 'server_error', message: 'every instance that serves model `%s` is at its concurrency cap and %s; retry after %s s' },
   RTR_ERR_UPSTREAM_UNAVAILABLE: { status: 503, type: 'upstream_error', message: '%s instance %s is unreachable' },
   RTR_ERR_UPSTREAM_TIMEOUT: { status: 504, type: 'upstream_error', message: '%s instance %s did not answer in time' },
   RTR_ERR_UPSTREAM_RESET: { status: 502, type: 'upstream_error', message: '%s instance %s closed the connection' },
@@ -51,6 +52,7 @@ export const RTR_ERR_MODEL_NOT_FOUND = make('RTR_ERR_MODEL_NOT_FOUND')
 export const RTR_ERR_ROUTE_NOT_FOUND = make('RTR_ERR_ROUTE_NOT_FOUND')
 export const RTR_ERR_NO_INSTANCE = make('RTR_ERR_NO_INSTANCE')
 export const RTR_ERR_SHUTTING_DOWN = make('RTR_ERR_SHUTTING_DOWN')
+export const RTR_ERR_OVERLOADED = make('RTR_ERR_OVERLOADED')
 export const RTR_ERR_UPSTREAM_UNAVAILABLE = make('RTR_ERR_UPSTREAM_UNAVAILABLE')
 export const RTR_ERR_UPSTREAM_TIMEOUT = make('RTR_ERR_UPSTREAM_TIMEOUT')
 export const RTR_ERR_UPSTREAM_RESET = make('RTR_ERR_UPSTREAM_RESET')

@@ -7,7 +7,7 @@ export function createRouterMetrics(registry: Registry) {
     registry,
     requests: new Counter({
       name: 'handoff_router_requests_total',
-      help: 'Completion requests by route mode (pd, single) and outcome (ok or an error code)',
+      help: 'Completion requests by route mode (pd, single, none) and outcome (ok, client_gone, http_<engine 4xx> or a router error code)',
       labelNames: ['mode', 'outcome'] as const,
       registers,
     }),
@@ -44,6 +44,23 @@ export function createRouterMetrics(registry: Registry) {
     inflight: new Gauge({
       name: 'handoff_router_inflight_requests',
       help: 'Completion requests in progress',
+      registers,
+    }),
+    queueDepth: new Gauge({
+      name: 'handoff_router_admission_queue_depth',
+      help: 'Requests waiting for a free slot on an instance',
+      registers,
+    }),
+    queueWait: new Histogram({
+      name: 'handoff_router_admission_wait_seconds',
+      help: 'Time a request waited in the admission queue before it was admitted',
+      buckets: [0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30],
+      registers,
+    }),
+    topologyChanges: new Counter({
+      name: 'handoff_router_topology_changes_total',
+      help: 'Instance ejections and engine_id changes seen by the registry',
+      labelNames: ['type'] as const,
       registers,
     }),
     instanceUp: new Gauge({

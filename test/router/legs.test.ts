@@ -1,7 +1,7 @@
 import t from 'tap'
 import { decodeBody, prefillBody, wantsStream } from '../../router/src/proxy/legs.js'
 
-t.test('the prefill leg: do_remote_decode, not streamed, one token, unsupported options removed', async (t) => {
+t.test('the prefill leg: do_remote_decode, not streamed, one token, forced to finish by length, unsupported options removed', async (t) => {
   const body = {
     model: 'm',
     messages: [{ role: 'user', content: 'hi' }],
@@ -12,6 +12,11 @@ t.test('the prefill leg: do_remote_decode, not streamed, one token, unsupported 
     min_tokens: 3,
     min_completion_tokens: 2,
     temperature: 0.3,
+    stop: ['\n'],
+    stop_token_ids: [7],
+    n: 3,
+    best_of: 3,
+    ignore_eos: false,
   }
   const p = prefillBody(body)
   t.same(p, {
@@ -21,6 +26,8 @@ t.test('the prefill leg: do_remote_decode, not streamed, one token, unsupported 
     max_tokens: 1,
     max_completion_tokens: 1,
     temperature: 0.3,
+    ignore_eos: true,
+    n: 1,
     kv_transfer_params: {
       do_remote_decode: true,
       do_remote_prefill: false,

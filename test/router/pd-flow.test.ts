@@ -45,7 +45,7 @@ t.test('streamed answers are relayed as SSE and concatenate to the oracle text',
   }
 })
 
-t.test('the legs carry exactly what the protocol says, with one request id', async (t) => {
+t.test('the legs carry exactly what the protocol says, with one fresh engine request id', async (t) => {
   await clear()
   const res = await post(`${url}/v1/chat/completions`, { ...chat, stream: true, stream_options: { include_usage: true }, min_tokens: 2, temperature: 0 }, { 'x-request-id': 'req-legs-1' })
   t.equal(res.status, 200)
@@ -53,9 +53,11 @@ t.test('the legs carry exactly what the protocol says, with one request id', asy
   const [pr] = (await simRequests(p)).filter((r) => r.path === '/v1/chat/completions')
   const [dr] = (await simRequests(d)).filter((r) => r.path === '/v1/chat/completions')
   t.ok(pr && dr, 'each leg reached its engine once')
-  t.equal(pr?.headers['x-request-id'], 'req-legs-1')
-  t.equal(dr?.headers['x-request-id'], 'req-legs-1')
-  t.match(pr?.body, { stream: false, max_tokens: 1, temperature: 0, kv_transfer_params: { do_remote_decode: true } })
+  // Issue 6 item 5: the client's id stays with the client; the engines get one fresh id per handoff.
+  const engineId = pr?.headers['x-request-id']
+  t.match(engineId, /^hnd-[0-9a-f]{24}$/)
+  t.equal(dr?.headers['x-request-id'], engineId, 'the same engine request id on both legs')
+  t.match(pr?.body, { stream: false, max_tokens: 1, temperature: 0, ignore_eos: true, n: 1, kv_transfer_params: { do_remote_decode: true } })
   t.notOk(pr && 'stream_options' in pr.body, 'stream_options removed on P')
   t.notOk(pr && 'min_tokens' in pr.body, 'min_tokens removed on P')
   t.match(dr?.body, { stream: true, max_tokens: 12, min_tokens: 2, stream_options: { include_usage: true } })
@@ -63,7 +65,7 @@ t.test('the legs carry exactly what the protocol says, with one request id', asy
   const params = dr?.body.kv_transfer_params as Record<string, unknown>
   t.match(params, { do_remote_prefill: true, do_remote_decode: false, transfer_mode: 'pull', tp_size: 1 })
   t.type(params.remote_engine_id, 'string')
-  t.match(String(params.remote_request_id), /^chatcmpl-req-legs-1-/)
+  t.match(String(params.remote_request_id), new RegExp(`^chatcmpl-${engineId}-`))
 })
 
 t.test('bad input gets a 4xx OpenAI error and nothing is forwarded', async (t) => {

@@ -1,5 +1,5 @@
 import t from 'tap'
-import { countsAgainstInstance, mapUpstreamFailure, upstreamErrorDetail } from '../../router/src/proxy/upstream-errors.js'
+import { isConnectFailure, mapUpstreamFailure, upstreamErrorDetail } from '../../router/src/proxy/upstream-errors.js'
 
 function errWith(code: string, nested = false): Error {
   const e = Object.assign(new Error(code), { code })
@@ -33,8 +33,10 @@ t.test('status and bad answers', async (t) => {
   t.match(s.message, /HTTP 500: boom/)
   const b = mapUpstreamFailure({ kind: 'bad-response', detail: 'not JSON' }, 'prefill', 'p0')
   t.equal(b.code, 'RTR_ERR_UPSTREAM_BAD_RESPONSE')
-  t.notOk(countsAgainstInstance(b))
-  t.ok(countsAgainstInstance(s))
+  t.notOk(isConnectFailure(b), 'a bad answer says nothing about health')
+  t.notOk(isConnectFailure(s), "an engine's 5xx (a bad input) says nothing about health")
+  t.ok(isConnectFailure(mapUpstreamFailure({ kind: 'transport', cause: Object.assign(new Error('x'), { code: 'ECONNREFUSED' }) }, 'decode', 'd0')))
+  t.notOk(isConnectFailure(mapUpstreamFailure({ kind: 'transport', cause: Object.assign(new Error('x'), { code: 'UND_ERR_HEADERS_TIMEOUT' }) }, 'decode', 'd0')), 'a slow answer is not a failure of the instance')
 })
 
 t.test('engine error bodies give their message', async (t) => {

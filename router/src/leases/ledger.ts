@@ -4,11 +4,15 @@
  * `untrackedLedger`, which records nothing; the call sites are already where they belong.
  */
 export interface HandoffLease {
+  /** The handoff's engine request id (fresh per handoff, sent to P and D). */
   requestId: string
+  /** The client's X-Request-Id, for logs. */
+  clientRequestId: string
   prefill: string
   decode: string
   engineId: string
-  remoteRequestId: string
+  /** P's internal request id; absent on vLLM releases before late 2025. */
+  remoteRequestId?: string
   /** Wall-clock ms when P's answer arrived. */
   issuedAt: number
 }
@@ -18,6 +22,8 @@ export type LeaseEndReason = 'client_gone' | 'decode_failed' | 'router_error'
 export interface LeaseLedger {
   /** P answered with kv_transfer_params: the blocks are pinned for this request. */
   issue(lease: HandoffLease): void
+  /** The first decoder refused the connection; the params go to `decode` instead. */
+  redirect(requestId: string, decode: string): void
   /** D accepted the request and is (about to be) reading. */
   reading(requestId: string): void
   /** D produced its first byte: the read is done. */
@@ -28,6 +34,7 @@ export interface LeaseLedger {
 
 export const untrackedLedger: LeaseLedger = Object.freeze({
   issue: () => {},
+  redirect: () => {},
   reading: () => {},
   done: () => {},
   release: () => {},

@@ -10,8 +10,10 @@ export function bearerChecker(keys: readonly string[]): ((req: FastifyRequest) =
   const digests = keys.map((k) => createHash('sha256').update(k).digest())
   return (req) => {
     const header = req.headers.authorization
-    if (typeof header !== 'string' || !header.startsWith('Bearer ')) return false
-    const given = createHash('sha256').update(header.slice(7).trim()).digest()
+    // The auth scheme is case-insensitive (RFC 9110 §11.1).
+    const m = typeof header === 'string' ? /^bearer[ \t]+(.*)$/i.exec(header) : null
+    if (!m) return false
+    const given = createHash('sha256').update((m[1] as string).trim()).digest()
     let ok = false
     // Check every key (no early exit) to keep the time independent of which key matched.
     for (const d of digests) ok = timingSafeEqual(d, given) || ok

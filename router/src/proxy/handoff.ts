@@ -1,16 +1,13 @@
-import { Readable } from 'node:stream'
-import type { FastifyReply, FastifyRequest } from 'fastify'
-import { request, type Dispatcher } from 'undici'
 import type { Clock } from '../../../common/clock.js'
 import type { Random } from '../../../common/random.js'
 import { isCompleteHandoff } from '../../../schemas/kv-transfer-params.js'
-import { errorEvent, RTR_ERR_MODEL_NOT_FOUND, RTR_ERR_NO_INSTANCE, type CodedError, type RouterErrorCode } from '../errors.js'
-import type { LeaseLedger } from '../leases/ledger.js'
+import type { Admission } from '../admission/admission.js'
 import type { RouterMetrics } from '../metrics.js'
 import type { InstanceView, TopologyRegistry } from '../topology/registry.js'
-import { selectRoute, type PairingPolicy } from '../topology/selection.js'
-import { decodeBody, prefillBody, wantsStream } from './legs.js'
-import { countsAgainstInstance, mapUpstreamFailure, upstreamErrorDetail, type Leg, type UpstreamFailure } from './upstream-errors.js'
+import type { Route } from '../topology/selection.js'
+import type { Exchange, Handoff } from './exchange.js'
+import { decodeBody, prefillBody } from './legs.js'
+import { LegFailure, type Upstream, type UpstreamAnswer, type UpstreamCall } from './upstream.js'
 
 export interface HandoffTimeouts {
   prefillMs: number
@@ -19,293 +16,173 @@ export interface HandoffTimeouts {
 }
 
 export interface HandoffDeps {
+  admission: Admission
+  upstream: Upstream
   registry: TopologyRegistry
-  dispatcher: Dispatcher
-  ledger: LeaseLedger
   metrics: RouterMetrics
   clock: Clock
   random: Random
-  pairing: PairingPolicy
   timeouts: HandoffTimeouts
   upstreamApiKey?: string
 }
 
 type Body = Record<string, unknown>
 
-/** Thrown inside a leg when the client went away; nothing is sent back. */
-class ClientGone extends Error {}
-
-/** A failure already mapped to a router error, carrying the leg for metrics. */
-class LegFailure extends Error {
-  constructor(
-    readonly leg: Leg,
-    readonly error: CodedError & { code: RouterErrorCode },
-  ) {
-    super(error.message)
-  }
-}
-
-/** An engine's own 4xx answer (bad prompt, unknown model): relayed to the client as it is. */
-interface EngineClientError {
-  status: number
-  contentType: string
-  body: Buffer
-}
-
-type PrefillOutcome = { params: Body | undefined } | { clientError: EngineClientError }
+/** What the client gets for one handoff: D's answer as it comes, or an engine's own 4xx. */
+export type Answer =
+  | { kind: 'upstream'; handoff: Handoff; call: UpstreamCall; answer: UpstreamAnswer }
+  | { kind: 'engine-error'; handoff: Handoff; status: number; contentType: string; body: Buffer }
 
 const JSON_TYPE = 'application/json'
 
 /**
- * The two-leg P/D flow (docs/architecture.md "One request"): pick a pair, prefill on P,
- * hand P's kv_transfer_params to D verbatim, relay D's answer. One instance per router.
+ * One prompt's way through the cluster (DESIGN "One request, end to end", steps 2–6):
+ * admission to a pair, the prefill leg, the lease, the decode leg up to D's response head.
+ * A refused connection is retried once elsewhere, on either leg, since the engine never saw
+ * the request; nothing else is retried.
  */
-export class HandoffProxy {
+export class HandoffRunner {
   readonly #d: HandoffDeps
 
   constructor(deps: HandoffDeps) {
     this.#d = deps
   }
 
-  async handle(req: FastifyRequest, reply: FastifyReply, path: string): Promise<FastifyReply> {
-    const { registry, metrics, clock } = this.#d
-    const body = req.body as Body
+  async run(ex: Exchange, body: Body, path: string): Promise<Answer> {
+    const { admission, clock, metrics } = this.#d
     const model = body.model as string
-    const snapshot = registry.snapshot()
-    if (snapshot.models.size > 0 && !snapshot.models.has(model)) throw new RTR_ERR_MODEL_NOT_FOUND(model)
-    const route = selectRoute(snapshot, model, this.#d.pairing, this.#d.random)
-    if (!route) throw new RTR_ERR_NO_INSTANCE(model)
-
-    // One controller per request: a client disconnect aborts whichever leg is in flight.
-    const abort = new AbortController()
-    reply.raw.once('close', () => {
-      if (!reply.raw.writableFinished) abort.abort()
-    })
-    const headers: Record<string, string> = { 'content-type': JSON_TYPE, 'x-request-id': req.id }
+    const h = ex.handoff(`hnd-${this.#d.random.hex(12)}`)
+    let route = await admission.admit({ model, signal: ex.signal, onMode: (m) => (ex.mode = m) })
+    ex.hold(route)
+    const headers: Record<string, string> = { 'content-type': JSON_TYPE, 'x-request-id': h.engineRequestId }
     if (this.#d.upstreamApiKey) headers.authorization = `Bearer ${this.#d.upstreamApiKey}`
-    const started = clock.monotonic()
-    metrics.inflight.inc()
-    let outcome = 'ok'
-    // A streamed answer outlives this function: its relay reports the outcome when it ends.
-    const finish = (result: string): void => {
-      metrics.requests.inc({ mode: route.mode, outcome: result })
-      metrics.requestDuration.observe({ mode: route.mode }, (clock.monotonic() - started) / 1000)
+
+    let params: Body | undefined
+    let decoder: InstanceView
+    if (route.mode === 'pd') {
+      const started = clock.monotonic()
+      const [pd, prefilled] = await this.#withRetry(ex, route, model, (r) => this.prefill(ex, h, r.prefill, body, path, headers))
+      route = pd
+      ex.release(pd.prefill.id)
+      metrics.prefillDuration.observe((clock.monotonic() - started) / 1000)
+      if ('status' in prefilled) return { kind: 'engine-error', handoff: h, ...prefilled }
+      params = prefilled.params
+      if (params) h.issue(params, pd.prefill.id, pd.decode.id)
+      decoder = pd.decode
+    } else {
+      decoder = route.target
     }
-    let streaming = false
+    const prefillDone = clock.monotonic()
+    const call = (d: InstanceView): UpstreamCall => ({
+      target: d,
+      leg: route.mode === 'pd' ? 'decode' : 'single',
+      path,
+      payload: JSON.stringify(decodeBody(body, params)),
+      headers,
+      signal: ex.signal,
+      headersTimeoutMs: this.#d.timeouts.decodeHeadersMs,
+      bodyTimeoutMs: this.#d.timeouts.idleMs,
+    })
+    let c = call(decoder)
+    let answer: UpstreamAnswer
     try {
-      let decoder: InstanceView
-      let params: Body | undefined
-      let prefillDone = started
-      if (route.mode === 'pd') {
-        const res = await this.#prefill(route.prefill, path, body, headers, abort.signal)
-        prefillDone = clock.monotonic()
-        metrics.prefillDuration.observe((prefillDone - started) / 1000)
-        if ('clientError' in res) {
-          outcome = `http_${res.clientError.status}`
-          return reply.code(res.clientError.status).type(res.clientError.contentType).send(res.clientError.body)
-        }
-        params = res.params
-        decoder = route.decode
-        if (params) {
-          this.#d.ledger.issue({
-            requestId: req.id,
-            prefill: route.prefill.id,
-            decode: decoder.id,
-            engineId: String(params.remote_engine_id),
-            remoteRequestId: String(params.remote_request_id),
-            issuedAt: clock.now(),
-          })
-        }
-      } else {
-        decoder = route.target
-      }
-      if (abort.signal.aborted) throw new ClientGone()
-      const onFirstByte = (): void => {
-        if (route.mode === 'pd') metrics.handoffGap.observe((clock.monotonic() - prefillDone) / 1000)
-      }
-      const sent = await this.#decode(req, reply, decoder, path, decodeBody(body, params), headers, abort.signal, onFirstByte, finish)
-      streaming = sent.streaming
-      return sent.reply
+      answer = await this.#d.upstream.send(c)
     } catch (err) {
-      if (err instanceof ClientGone || abort.signal.aborted) {
-        outcome = 'client_gone'
-        this.#d.ledger.release(req.id, 'client_gone')
-        req.log.info('client went away; upstream work aborted')
-        return reply.code(499).send()
-      }
-      if (err instanceof LegFailure) {
-        outcome = err.error.code
-        metrics.upstreamErrors.inc({ leg: err.leg, code: err.error.code })
-        if (err.leg === 'decode') this.#d.ledger.release(req.id, 'decode_failed')
-        throw err.error
-      }
-      outcome = 'RTR_ERR_INTERNAL'
-      this.#d.ledger.release(req.id, 'router_error')
-      throw err
-    } finally {
-      metrics.inflight.dec()
-      if (!streaming) finish(outcome)
+      // D refused the connection: it never saw P's params, so another decoder may use them.
+      const other = err instanceof LegFailure && err.retryable ? this.#otherDecoder(ex, route, model, decoder) : undefined
+      if (!other) throw this.#decodeFailed(h, err)
+      ex.release(decoder.id)
+      h.redirect(other.id)
+      c = call(other)
+      answer = await this.#d.upstream.send(c).catch((e: unknown) => Promise.reject(this.#decodeFailed(h, e)))
     }
+    h.reading()
+    if (route.mode === 'pd') metrics.handoffGap.observe((clock.monotonic() - prefillDone) / 1000)
+    return { kind: 'upstream', handoff: h, call: c, answer }
   }
 
-  async #prefill(p: InstanceView, path: string, body: Body, headers: Record<string, string>, signal: AbortSignal): Promise<PrefillOutcome> {
-    const { registry, metrics } = this.#d
-    registry.acquire(p.id)
-    try {
-      const res = await this.#send(p, 'prefill', path, JSON.stringify(prefillBody(body)), headers, signal, this.#d.timeouts.prefillMs, this.#d.timeouts.prefillMs)
-      const text = await this.#readAll(p, 'prefill', res, signal)
-      if (res.statusCode >= 400) return { clientError: this.#clientError(p, 'prefill', res, text) }
-      let parsed: unknown
-      try {
-        parsed = JSON.parse(text.toString('utf8'))
-      } catch (err) {
-        throw this.#fail(p, 'prefill', { kind: 'bad-response', detail: 'answer is not JSON', cause: err })
-      }
-      registry.recordSuccess(p.id)
-      const params = (parsed as { kv_transfer_params?: unknown } | null)?.kv_transfer_params
-      if (!isCompleteHandoff(params)) {
-        // vLLM answers without params when it could not hold the blocks; D then prefills itself.
-        metrics.handoffsWithoutParams.inc()
-        return { params: undefined }
-      }
-      const change = registry.observeEngineId(p.id, String(params.remote_engine_id))
-      if (change) {
-        // A new engine_id at a known address: the old incarnation is gone (peer_gone seam).
-        metrics.upstreamErrors.inc({ leg: 'prefill', code: 'engine_id_changed' })
-      }
-      return { params: params as Body }
-    } finally {
-      registry.release(p.id)
-    }
-  }
-
-  async #decode(
-    req: FastifyRequest,
-    reply: FastifyReply,
-    d: InstanceView,
-    path: string,
+  /** The prefill leg: P's params (undefined when it could not hold the blocks), or its own 4xx. */
+  async prefill(
+    ex: Exchange,
+    h: Handoff,
+    p: InstanceView,
     body: Body,
-    headers: Record<string, string>,
-    signal: AbortSignal,
-    onFirstByte: () => void,
-    onStreamEnd: (outcome: string) => void,
-  ): Promise<{ reply: FastifyReply; streaming: boolean }> {
-    const { registry, ledger } = this.#d
-    registry.acquire(d.id)
-    let released = false
-    const releaseOnce = (): void => {
-      if (!released) {
-        released = true
-        registry.release(d.id)
-      }
-    }
-    try {
-      ledger.reading(req.id)
-      const res = await this.#send(d, 'decode', path, JSON.stringify(body), headers, signal, this.#d.timeouts.decodeHeadersMs, this.#d.timeouts.idleMs)
-      // D's response head is its first byte: the end of the handoff gap.
-      onFirstByte()
-      const contentType = String(res.headers['content-type'] ?? JSON_TYPE)
-      reply.header('x-request-id', req.id)
-      if (res.statusCode >= 400) {
-        const text = await this.#readAll(d, 'decode', res, signal)
-        const clientError = this.#clientError(d, 'decode', res, text)
-        ledger.release(req.id, 'decode_failed')
-        return { reply: reply.code(clientError.status).type(clientError.contentType).send(clientError.body), streaming: false }
-      }
-      if (!wantsStream(body) || !contentType.startsWith('text/event-stream')) {
-        const buf = await this.#readAll(d, 'decode', res, signal)
-        ledger.done(req.id)
-        registry.recordSuccess(d.id)
-        return { reply: reply.code(res.statusCode).type(contentType).send(buf), streaming: false }
-      }
-      // Streamed: relay chunk by chunk, no buffering. Past this point the status is sent, so
-      // a failure can only end the stream with an error event.
-      const relay = this.#relay(d, res.body, signal, () => ledger.done(req.id), (outcome) => {
-        releaseOnce()
-        if (outcome === 'ok') registry.recordSuccess(d.id)
-        else if (outcome === 'client_gone') req.log.info('client went away; upstream work aborted')
-        onStreamEnd(outcome)
-      })
-      released = true // the relay's end callback owns the release now
-      reply.code(res.statusCode).header('content-type', contentType).header('cache-control', 'no-cache')
-      return { reply: reply.send(Readable.from(relay, { objectMode: false })), streaming: true }
-    } finally {
-      if (!released) releaseOnce()
-    }
-  }
-
-  async *#relay(d: InstanceView, body: Dispatcher.ResponseData['body'], signal: AbortSignal, onFirst: () => void, onEnd: (outcome: string) => void): AsyncGenerator<Buffer> {
-    let first = true
-    // Until the body ends cleanly, an early return (the client left) is the outcome.
-    let outcome = 'client_gone'
-    try {
-      for await (const chunk of body as AsyncIterable<Buffer>) {
-        if (first) {
-          first = false
-          onFirst()
-        }
-        yield chunk
-      }
-      outcome = 'ok'
-    } catch (err) {
-      if (signal.aborted) return
-      const mapped = mapUpstreamFailure({ kind: 'transport', cause: err }, 'decode', d.id)
-      outcome = mapped.code
-      this.#d.metrics.upstreamErrors.inc({ leg: 'decode', code: mapped.code })
-      if (countsAgainstInstance(mapped)) this.#d.registry.recordFailure(d.id)
-      yield Buffer.from(errorEvent(mapped))
-    } finally {
-      if (outcome !== 'ok' && !body.destroyed) body.destroy()
-      onEnd(outcome)
-    }
-  }
-
-  async #send(
-    inst: InstanceView,
-    leg: Leg,
     path: string,
-    payload: string,
     headers: Record<string, string>,
-    signal: AbortSignal,
-    headersTimeout: number,
-    bodyTimeout: number,
-  ): Promise<Dispatcher.ResponseData> {
+  ): Promise<{ params: Body | undefined } | { status: number; contentType: string; body: Buffer }> {
+    const { upstream, metrics, registry } = this.#d
+    const call: UpstreamCall = {
+      target: p,
+      leg: 'prefill',
+      path,
+      payload: JSON.stringify(prefillBody(body)),
+      headers,
+      signal: ex.signal,
+      headersTimeoutMs: this.#d.timeouts.prefillMs,
+      bodyTimeoutMs: this.#d.timeouts.prefillMs,
+      // One deadline for P's whole answer, head and body together.
+      deadlineMs: this.#d.timeouts.prefillMs,
+    }
+    const answer = await upstream.send(call)
+    const text = await upstream.readAll(call, answer)
+    const status = answer.res.statusCode
+    if (status >= 500) throw upstream.statusFailure(call, status, text)
+    if (status >= 400) return { status, contentType: String(answer.res.headers['content-type'] ?? JSON_TYPE), body: text }
+    let parsed: unknown
     try {
-      return await request(inst.url + path, {
-        method: 'POST',
-        body: payload,
-        headers,
-        signal,
-        dispatcher: this.#d.dispatcher,
-        headersTimeout,
-        bodyTimeout,
-      })
+      parsed = JSON.parse(text.toString('utf8'))
     } catch (err) {
-      if (signal.aborted) throw new ClientGone()
-      throw this.#fail(inst, leg, { kind: 'transport', cause: err })
+      throw upstream.fail(call, { kind: 'bad-response', detail: 'answer is not JSON', cause: err })
     }
+    const params = (parsed as { kv_transfer_params?: unknown } | null)?.kv_transfer_params
+    if (!isCompleteHandoff(params)) {
+      // vLLM answers without params when it could not hold the blocks; D then prefills itself.
+      metrics.handoffsWithoutParams.inc()
+      ex.log.debug({ handoff: h.engineRequestId }, 'prefill answer without usable kv_transfer_params')
+      return { params: undefined }
+    }
+    // A new engine_id at a known address: the registry tells its subscribers the old one is gone.
+    registry.observeEngineId(p.id, String(params.remote_engine_id))
+    return { params: params as Body }
   }
 
-  async #readAll(inst: InstanceView, leg: Leg, res: Dispatcher.ResponseData, signal: AbortSignal): Promise<Buffer> {
+  /** Runs a prefill leg; a refused connection moves the request once to another pair. */
+  async #withRetry<T>(ex: Exchange, route: Route & { mode: 'pd' }, model: string, leg: (r: Route & { mode: 'pd' }) => Promise<T>): Promise<[Route & { mode: 'pd' }, T]> {
     try {
-      return Buffer.from(await res.body.arrayBuffer())
+      return [route, await leg(route)]
     } catch (err) {
-      if (signal.aborted) throw new ClientGone()
-      throw this.#fail(inst, leg, { kind: 'transport', cause: err })
+      if (!(err instanceof LegFailure) || !err.retryable) throw err
+      const other = this.#d.admission.retryRoute(model, new Set([route.prefill.id]))
+      if (!other || other.mode !== 'pd') throw err
+      ex.release(route.prefill.id)
+      ex.release(route.decode.id)
+      ex.hold(other)
+      return [other, await leg(other)]
     }
   }
 
-  /** 4xx: the engine rejected the request itself, so the client sees the engine's answer. 5xx: mapped. */
-  #clientError(inst: InstanceView, leg: Leg, res: Dispatcher.ResponseData, body: Buffer): EngineClientError {
-    if (res.statusCode >= 500) {
-      throw this.#fail(inst, leg, { kind: 'status', status: res.statusCode, detail: upstreamErrorDetail(body.toString('utf8')) })
+  #otherDecoder(ex: Exchange, route: Route, model: string, failed: InstanceView): InstanceView | undefined {
+    const exclude = new Set([failed.id])
+    if (route.mode === 'pd') {
+      const d = this.#d.admission.retryDecoder(route.prefill, model, exclude)
+      if (d) ex.holdInstance(d.id)
+      return d
     }
-    return { status: res.statusCode, contentType: String(res.headers['content-type'] ?? JSON_TYPE), body }
+    const other = this.#d.admission.retryRoute(model, exclude)
+    if (!other) return undefined
+    if (other.mode !== 'single') {
+      // Only a whole P/D route was free: give it back rather than change the request's mode.
+      ex.hold(other)
+      ex.release(other.prefill.id)
+      ex.release(other.decode.id)
+      return undefined
+    }
+    ex.hold(other)
+    return other.target
   }
 
-  #fail(inst: InstanceView, leg: Leg, failure: UpstreamFailure): LegFailure {
-    const error = mapUpstreamFailure(failure, leg, inst.id)
-    if (countsAgainstInstance(error)) this.#d.registry.recordFailure(inst.id)
-    return new LegFailure(leg, error)
+  #decodeFailed(h: Handoff, err: unknown): unknown {
+    if (err instanceof LegFailure) h.decodeFailed()
+    return err
   }
 }

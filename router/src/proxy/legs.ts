@@ -3,12 +3,24 @@ import { PREFILL_REQUEST_PARAMS } from '../../../schemas/kv-transfer-params.js'
 type Body = Record<string, unknown>
 
 /**
- * The prefill leg's body (protocol reference §1.2): the client's body with
- * `do_remote_decode`, non-streamed, one token; options P does not support are removed.
+ * The prefill leg's body (protocol reference §1.2, §8 item 1): the client's body with
+ * `do_remote_decode`, non-streamed, one token, and forced to finish by length. vLLM's
+ * connector returns kv_transfer_params only for a length finish: a client `stop`,
+ * `stop_token_ids` or an EOS sampled as the one token would finish P by stop, and D would
+ * silently prefill again. So EOS is ignored, stop criteria are cleared, min tokens are
+ * dropped (0) and one choice is asked for. D gets the client's own settings back.
  */
 export function prefillBody(body: Body): Body {
-  const { stream_options: _so, min_tokens: _mt, min_completion_tokens: _mct, ...rest } = body
-  const out: Body = { ...rest, kv_transfer_params: { ...PREFILL_REQUEST_PARAMS }, stream: false, max_tokens: 1 }
+  const {
+    stream_options: _so,
+    min_tokens: _mt,
+    min_completion_tokens: _mct,
+    stop: _stop,
+    stop_token_ids: _sti,
+    best_of: _bo,
+    ...rest
+  } = body
+  const out: Body = { ...rest, kv_transfer_params: { ...PREFILL_REQUEST_PARAMS }, stream: false, max_tokens: 1, ignore_eos: true, n: 1 }
   if (body.max_completion_tokens !== undefined && body.max_completion_tokens !== null) out.max_completion_tokens = 1
   return out
 }

@@ -48,9 +48,14 @@ export function mapUpstreamFailure(failure: UpstreamFailure, leg: Leg, instance:
   }
 }
 
-/** True for transport failures that mean the instance itself is unhealthy (for passive health). */
-export function countsAgainstInstance(err: CodedError): boolean {
-  return err.code !== 'RTR_ERR_UPSTREAM_BAD_RESPONSE'
+/**
+ * True when the request never reached the engine: the connection was refused or could not be
+ * made. Only this counts against an instance's health (a slow answer, a long generation or an
+ * engine's 5xx for a bad input says nothing about it), and only this may be retried on another
+ * instance, since the engine cannot have started the work.
+ */
+export function isConnectFailure(err: CodedError): boolean {
+  return err.code === 'RTR_ERR_UPSTREAM_UNAVAILABLE'
 }
 
 /** Pulls an engine's error message out of an OpenAI/vLLM error body, if there is one. */

@@ -1,5 +1,5 @@
 import type { FastifyPluginAsync } from 'fastify'
-import type { HandoffProxy } from '../proxy/handoff.js'
+import type { CompletionProxy } from '../proxy/proxy.js'
 
 const errorResponses = {
   '4xx': { $ref: 'ErrorBody#' },
@@ -10,7 +10,7 @@ const errorResponses = {
  * OpenAI completion routes. Bodies are validated against the shared schemas and otherwise
  * passed through; answers are relayed as the engine sent them (no re-serialisation).
  */
-export const completionRoutes: FastifyPluginAsync<{ proxy: HandoffProxy }> = async (app, { proxy }) => {
+export const completionRoutes: FastifyPluginAsync<{ proxy: CompletionProxy }> = async (app, { proxy }) => {
   app.post('/v1/chat/completions', {
     schema: {
       body: { $ref: 'ChatCompletionRequest#' },

@@ -12,8 +12,6 @@ export interface ProberOptions {
   log: FastifyBaseLogger
   intervalMs: number
   timeoutMs: number
-  /** Called after each probe that changed an instance's up/down verdict. */
-  onChange?: (id: string, up: boolean) => void
 }
 
 function parseModels(text: string): string[] | undefined {
@@ -29,13 +27,14 @@ function parseModels(text: string): string[] | undefined {
 /**
  * Active health checks: `GET /health` on every instance each interval, and `GET /v1/models`
  * until the instance's models are known. Results go to the registry, which also receives
- * passive request outcomes.
+ * passive request outcomes and tells its subscribers what changed. The `get` it is given runs
+ * on connections of its own: a probe queued behind hundreds of streams would time out and
+ * report a busy engine as dead.
  */
 export class Prober {
   readonly #o: ProberOptions
   #timer: ClockTimer | undefined
   #stopped = false
-  readonly #lastUp = new Map<string, boolean>()
 
   constructor(opts: ProberOptions) {
     if (opts.intervalMs <= 0 || opts.timeoutMs <= 0) throw new RangeError('probe interval and timeout must be positive')
@@ -86,10 +85,5 @@ export class Prober {
       log.debug({ instance: id, err }, 'health probe failed')
     }
     registry.recordProbe(id, up, models)
-    if (this.#lastUp.get(id) !== up) {
-      this.#lastUp.set(id, up)
-      log.info({ instance: id, up }, up ? 'instance is up' : 'instance is down')
-      this.#o.onChange?.(id, up)
-    }
   }
 }

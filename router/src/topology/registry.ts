@@ -1,12 +1,28 @@
 import type { Clock } from '../../../common/clock.js'
 import type { InstanceConfig, InstanceRole } from '../../../schemas/router-config.js'
 
-/** Health policy: how many failures eject an instance and for how long. */
+/**
+ * Health policy. `unhealthyThreshold` consecutive failed probes mark an instance down, and as
+ * many consecutive connect failures of requests eject it for `baseEjectionMs`, doubling on
+ * each re-ejection within `maxEjectionMs` of the last one, up to `maxEjectionMs`.
+ */
 export interface HealthPolicy {
   unhealthyThreshold: number
   baseEjectionMs: number
   maxEjectionMs: number
 }
+
+/** What changed about an instance; other parts subscribe instead of polling the registry. */
+export type TopologyChange =
+  | { type: 'up'; instanceId: string }
+  | { type: 'down'; instanceId: string }
+  | { type: 'ejected'; instanceId: string; forMs: number }
+  | { type: 'released'; instanceId: string }
+  | { type: 'engine_id_changed'; instanceId: string; address: string; previous: string; current: string }
+  | { type: 'draining'; instanceId: string }
+  | { type: 'drained'; instanceId: string }
+
+export type TopologyListener = (change: TopologyChange) => void
 
 /** An immutable view of one instance, as selection sees it. */
 export interface InstanceView {
@@ -15,8 +31,9 @@ export interface InstanceView {
   readonly url: string
   readonly labels: Readonly<Record<string, string>>
   readonly engineId: string | undefined
-  /** Eligible for new work: probed up (or not yet probed) and not ejected. */
+  /** Eligible for new work: probed up (or not yet probed), not ejected, not draining. */
   readonly healthy: boolean
+  readonly draining: boolean
   readonly inflight: number
   /** Models the instance serves; undefined until its /v1/models was read. */
   readonly models: ReadonlySet<string> | undefined
@@ -36,9 +53,11 @@ interface InstanceState {
   labels: Readonly<Record<string, string>>
   engineId: string | undefined
   probedUp: boolean | undefined
+  probeFailures: number
   consecutiveFailures: number
   ejections: number
   ejectedUntil: number
+  draining: boolean
   inflight: number
   models: ReadonlySet<string> | undefined
 }
@@ -50,9 +69,9 @@ export interface EngineIdChange {
   current: string
 }
 
-/** Eligible for new work: not probed down (unprobed counts as up) and not ejected at `now`. */
+/** Eligible for new work: not probed down (unprobed counts as up), not ejected at `now`, not draining. */
 function eligible(s: InstanceState, now: number): boolean {
-  return s.probedUp !== false && now >= s.ejectedUntil
+  return s.probedUp !== false && now >= s.ejectedUntil && !s.draining
 }
 
 /**
@@ -63,6 +82,7 @@ export class TopologyRegistry {
   readonly #clock: Clock
   readonly #policy: HealthPolicy
   readonly #instances = new Map<string, InstanceState>()
+  readonly #listeners = new Set<TopologyListener>()
   #snapshot: TopologySnapshot | undefined
 
   constructor(opts: { clock: Clock; policy: HealthPolicy; instances: readonly InstanceConfig[] }) {
@@ -81,13 +101,26 @@ export class TopologyRegistry {
       labels: Object.freeze({ ...(cfg.labels ?? {}) }),
       engineId: undefined,
       probedUp: undefined,
+      probeFailures: 0,
       consecutiveFailures: 0,
       ejections: 0,
       ejectedUntil: 0,
+      draining: false,
       inflight: 0,
       models: undefined,
     })
     this.#snapshot = undefined
+  }
+
+  /** Calls `listener` after every change; returns the unsubscribe function. */
+  subscribe(listener: TopologyListener): () => void {
+    this.#listeners.add(listener)
+    return () => this.#listeners.delete(listener)
+  }
+
+  #emit(change: TopologyChange): void {
+    this.#snapshot = undefined
+    for (const l of this.#listeners) l(change)
   }
 
   get size(): number {
@@ -108,49 +141,77 @@ export class TopologyRegistry {
     this.#snapshot = undefined
   }
 
+  /** A slot on the instance is free again: queued requests may now be admitted. */
   release(id: string): void {
     const s = this.#get(id)
     s.inflight = Math.max(0, s.inflight - 1)
-    this.#snapshot = undefined
+    this.#emit({ type: 'released', instanceId: id })
+    if (s.draining && s.inflight === 0) this.#emit({ type: 'drained', instanceId: id })
   }
 
-  /** A request or probe succeeded: the failure streak ends. */
+  /** A request reached the instance and got an answer: the connect-failure streak ends. */
   recordSuccess(id: string): void {
-    const s = this.#get(id)
-    if (s.consecutiveFailures === 0 && s.probedUp !== false) return
-    s.consecutiveFailures = 0
-    this.#snapshot = undefined
+    this.#get(id).consecutiveFailures = 0
   }
 
   /**
-   * A request failed in a way that says the instance is unwell. After `unhealthyThreshold`
-   * in a row it is ejected, for longer each time (outlier detection with backoff).
+   * A request could not connect to the instance. Only that counts here: a slow answer, a long
+   * generation or an engine's error answer says nothing about the engine's health. After
+   * `unhealthyThreshold` in a row the instance is ejected (outlier detection with backoff).
    */
   recordFailure(id: string): void {
     const s = this.#get(id)
+    const now = this.#clock.monotonic()
     s.consecutiveFailures++
-    if (s.consecutiveFailures >= this.#policy.unhealthyThreshold && this.#clock.monotonic() >= s.ejectedUntil) {
-      const ms = Math.min(this.#policy.baseEjectionMs * 2 ** s.ejections, this.#policy.maxEjectionMs)
-      s.ejections++
-      s.ejectedUntil = this.#clock.monotonic() + ms
-      s.consecutiveFailures = 0
-    }
-    this.#snapshot = undefined
+    if (s.consecutiveFailures < this.#policy.unhealthyThreshold || now < s.ejectedUntil) return
+    // The backoff doubles only for re-ejections close to the previous one; later, it starts over.
+    if (now - s.ejectedUntil > this.#policy.maxEjectionMs) s.ejections = 0
+    const ms = Math.min(this.#policy.baseEjectionMs * 2 ** s.ejections, this.#policy.maxEjectionMs)
+    s.ejections++
+    s.ejectedUntil = now + ms
+    s.consecutiveFailures = 0
+    this.#emit({ type: 'ejected', instanceId: id, forMs: ms })
   }
 
-  /** An active probe's verdict. A passing probe after an ejection ends it early. */
+  /**
+   * An active probe's verdict. An instance that was up goes down only after
+   * `unhealthyThreshold` failed probes in a row (one probe lost to a busy moment is not an
+   * outage); one never seen up goes down at once. A passing probe brings it up and ends an
+   * ejection: the instance serves again.
+   */
   recordProbe(id: string, up: boolean, models?: readonly string[]): void {
     const s = this.#get(id)
-    const wasUp = s.probedUp
-    s.probedUp = up
+    const wasEligible = eligible(s, this.#clock.monotonic())
     if (up) {
+      s.probeFailures = 0
       s.consecutiveFailures = 0
-      if (wasUp === false) s.ejectedUntil = 0
+      s.ejectedUntil = 0
       if (models) s.models = new Set(models)
-      // A long healthy run forgives earlier ejections.
-      if (wasUp === true && s.ejectedUntil === 0) s.ejections = 0
+      const changed = s.probedUp !== true
+      s.probedUp = true
+      this.#snapshot = undefined
+      if (changed || !wasEligible) this.#emit({ type: 'up', instanceId: id })
+      return
     }
-    this.#snapshot = undefined
+    s.probeFailures++
+    if (s.probedUp === false) return
+    if (s.probedUp === true && s.probeFailures < this.#policy.unhealthyThreshold) return
+    s.probedUp = false
+    this.#emit({ type: 'down', instanceId: id })
+  }
+
+  /** Whether the last probe verdict is up (undefined before the first probe). */
+  probedUp(id: string): boolean | undefined {
+    return this.#get(id).probedUp
+  }
+
+  /** Stop admitting new work to the instance; `drained` follows once nothing is in flight. */
+  drain(id: string): void {
+    const s = this.#get(id)
+    if (s.draining) return
+    s.draining = true
+    this.#emit({ type: 'draining', instanceId: id })
+    if (s.inflight === 0) this.#emit({ type: 'drained', instanceId: id })
   }
 
   needsModels(id: string): boolean {
@@ -171,7 +232,10 @@ export class TopologyRegistry {
     const previous = s.engineId
     s.engineId = engineId
     this.#snapshot = undefined
-    return previous === undefined ? undefined : { instanceId: id, address: new URL(s.url).host, previous, current: engineId }
+    if (previous === undefined) return undefined
+    const change: EngineIdChange = { instanceId: id, address: new URL(s.url).host, previous, current: engineId }
+    this.#emit({ type: 'engine_id_changed', ...change })
+    return change
   }
 
   snapshot(): TopologySnapshot {
@@ -190,6 +254,7 @@ export class TopologyRegistry {
           labels: s.labels,
           engineId: s.engineId,
           healthy: eligible(s, now),
+          draining: s.draining,
           inflight: s.inflight,
           models: s.models,
         }),

@@ -33,29 +33,60 @@ export function pickLeastLoaded(candidates: readonly InstanceView[], random: Ran
   return b.inflight < a.inflight ? b : a
 }
 
+/** Limits on a pick: a concurrency cap per instance and instances to skip (a failed retry). */
+export interface PickLimits {
+  cap: number
+  exclude?: ReadonlySet<string>
+}
+
+/** A route, or `full`: a healthy route exists but every candidate is at its cap (queue). */
+export type Selection = Route | { mode: 'full'; of: Route['mode'] }
+
+const NO_LIMITS: PickLimits = { cap: Number.POSITIVE_INFINITY }
+
 /**
  * Chooses where a request for `model` goes. Pure: same snapshot and random draws, same
- * answer. Prefers a P/D pair; with no healthy prefiller (or none paired with a healthy
- * decoder) it falls back to one instance that prefills locally.
+ * answer. The mode is decided by health alone: a P/D pair when a healthy prefiller is paired
+ * with a healthy decoder, else one instance that prefills locally. Capacity then picks among
+ * those; when all are at their cap the answer is `full`, never a fallback to another mode.
  */
 export function selectRoute(
   snapshot: TopologySnapshot,
   model: string,
   pairing: PairingPolicy,
   random: Random,
-): Route | undefined {
-  const decoders = snapshot.instances.filter((i) => i.role !== 'prefill' && serves(i, model))
-  const prefillers = snapshot.instances.filter(
-    (p) => p.role === 'prefill' && serves(p, model) && decoders.some((d) => paired(p, d, pairing)),
-  )
-  const prefill = pickLeastLoaded(prefillers, random)
-  if (prefill) {
+  limits: PickLimits = NO_LIMITS,
+): Selection | undefined {
+  const usable = (i: InstanceView): boolean => serves(i, model) && !limits.exclude?.has(i.id)
+  const room = (i: InstanceView): boolean => i.inflight < limits.cap
+  const decoders = snapshot.instances.filter((i) => i.role !== 'prefill' && usable(i))
+  const prefillers = snapshot.instances.filter((p) => p.role === 'prefill' && usable(p) && decoders.some((d) => paired(p, d, pairing)))
+  if (prefillers.length > 0) {
+    const open = prefillers.filter((p) => room(p) && decoders.some((d) => room(d) && paired(p, d, pairing)))
+    const prefill = pickLeastLoaded(open, random)
+    if (!prefill) return { mode: 'full', of: 'pd' }
     const decode = pickLeastLoaded(
-      decoders.filter((d) => paired(prefill, d, pairing)),
+      decoders.filter((d) => room(d) && paired(prefill, d, pairing)),
       random,
-    )
-    if (decode) return { mode: 'pd', prefill, decode }
+    ) as InstanceView
+    return { mode: 'pd', prefill, decode }
   }
-  const target = pickLeastLoaded(decoders, random)
-  return target ? { mode: 'single', target } : undefined
+  if (decoders.length === 0) return undefined
+  const target = pickLeastLoaded(decoders.filter(room), random)
+  return target ? { mode: 'single', target } : { mode: 'full', of: 'single' }
+}
+
+/** Another decoder for P's params after `failed` refused the connection (never saw them). */
+export function selectDecoder(
+  snapshot: TopologySnapshot,
+  prefill: InstanceView,
+  model: string,
+  pairing: PairingPolicy,
+  random: Random,
+  limits: PickLimits,
+): InstanceView | undefined {
+  const candidates = snapshot.instances.filter(
+    (d) => d.role !== 'prefill' && serves(d, model) && !limits.exclude?.has(d.id) && d.inflight < limits.cap && paired(prefill, d, pairing),
+  )
+  return pickLeastLoaded(candidates, random)
 }

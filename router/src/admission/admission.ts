@@ -1,0 +1,166 @@
+import type { Gauge, Histogram } from 'prom-client'
+import type { Clock, ClockTimer } from '../../../common/clock.js'
+import type { Random } from '../../../common/random.js'
+import { RTR_ERR_MODEL_NOT_FOUND, RTR_ERR_NO_INSTANCE, RTR_ERR_OVERLOADED } from '../errors.js'
+import type { InstanceView, TopologyRegistry } from '../topology/registry.js'
+import { selectDecoder, selectRoute, type PairingPolicy, type Route } from '../topology/selection.js'
+
+export interface AdmissionOptions {
+  registry: TopologyRegistry
+  clock: Clock
+  random: Random
+  pairing: PairingPolicy
+  /** Requests in flight per instance. */
+  cap: number
+  queueLength: number
+  queueTimeoutMs: number
+  retryAfterSeconds: number
+  metrics: { queueDepth: Gauge; queueWait: Histogram }
+}
+
+/** Who is asking: the signal ends a wait when the client leaves; `mode` is told the route's mode. */
+export interface AdmissionRequest {
+  model: string
+  signal: AbortSignal
+  onMode(mode: Route['mode']): void
+}
+
+interface Waiter {
+  req: AdmissionRequest
+  since: number
+  resolve(route: Route): void
+  reject(err: unknown): void
+  timer: ClockTimer
+  onAbort(): void
+}
+
+/**
+ * Admission control: a request gets a route whose instances have a free slot (acquired in
+ * the registry for it), or waits in one bounded FIFO queue until a slot frees up. A full queue
+ * or a wait that runs out is a 429 with Retry-After: overload means slower answers and clean
+ * refusals, never an instance marked down. Slots come back through the registry's `released`
+ * and `up` changes, which wake the head of the queue.
+ */
+export class Admission {
+  readonly #o: AdmissionOptions
+  readonly #queue: Waiter[] = []
+  readonly #unsubscribe: () => void
+
+  constructor(opts: AdmissionOptions) {
+    if (opts.cap < 1 || opts.queueLength < 0 || opts.queueTimeoutMs <= 0) throw new RangeError('admission: cap >= 1, queueLength >= 0, queueTimeoutMs > 0')
+    this.#o = opts
+    this.#unsubscribe = opts.registry.subscribe((change) => {
+      if (change.type === 'released' || change.type === 'up') this.#wake()
+    })
+  }
+
+  get queued(): number {
+    return this.#queue.length
+  }
+
+  /**
+   * Resolves with a route whose instances are acquired; the caller releases each through the
+   * registry. Rejects with RTR_ERR_MODEL_NOT_FOUND, RTR_ERR_NO_INSTANCE or RTR_ERR_OVERLOADED,
+   * or with the signal's reason when the client leaves while queued.
+   */
+  admit(req: AdmissionRequest): Promise<Route> {
+    const snapshot = this.#o.registry.snapshot()
+    if (snapshot.models.size > 0 && !snapshot.models.has(req.model)) return Promise.reject(new RTR_ERR_MODEL_NOT_FOUND(req.model))
+    const now = this.#tryAcquire(req)
+    if (now instanceof Error) return Promise.reject(now)
+    if (now) return Promise.resolve(now)
+    if (this.#queue.length >= this.#o.queueLength) return Promise.reject(this.#overloaded(req.model, 'the admission queue is full'))
+    return new Promise<Route>((resolve, reject) => {
+      const waiter: Waiter = {
+        req,
+        since: this.#o.clock.monotonic(),
+        resolve,
+        reject,
+        timer: this.#o.clock.setTimeout(() => {
+          this.#remove(waiter)
+          reject(this.#overloaded(req.model, `no slot freed within ${this.#o.queueTimeoutMs} ms`))
+        }, this.#o.queueTimeoutMs),
+        onAbort: () => {
+          this.#remove(waiter)
+          reject(req.signal.reason)
+        },
+      }
+      req.signal.addEventListener('abort', waiter.onAbort, { once: true })
+      this.#queue.push(waiter)
+      this.#o.metrics.queueDepth.set(this.#queue.length)
+    })
+  }
+
+  /** A decoder with a free slot for P's params after `exclude` refused them (acquired), if any. */
+  retryDecoder(prefill: InstanceView, model: string, exclude: ReadonlySet<string>): InstanceView | undefined {
+    const { registry, pairing, random, cap } = this.#o
+    const d = selectDecoder(registry.snapshot(), prefill, model, pairing, random, { cap, exclude })
+    if (d) registry.acquire(d.id)
+    return d
+  }
+
+  /** A whole new route avoiding `exclude` (an instance that refused), acquired, without queueing. */
+  retryRoute(model: string, exclude: ReadonlySet<string>): Route | undefined {
+    const { registry, pairing, random, cap } = this.#o
+    const sel = selectRoute(registry.snapshot(), model, pairing, random, { cap, exclude })
+    if (!sel || sel.mode === 'full') return undefined
+    this.#acquire(sel)
+    return sel
+  }
+
+  close(): void {
+    this.#unsubscribe()
+    for (const w of this.#queue.splice(0)) {
+      this.#o.clock.clearTimeout(w.timer)
+      w.req.signal.removeEventListener('abort', w.onAbort)
+      w.reject(this.#overloaded(w.req.model, 'the router is closing'))
+    }
+    this.#o.metrics.queueDepth.set(0)
+  }
+
+  /** A route with acquired slots; undefined when all are full; an error when none can serve. */
+  #tryAcquire(req: AdmissionRequest): Route | Error | undefined {
+    const { registry, pairing, random, cap } = this.#o
+    const sel = selectRoute(registry.snapshot(), req.model, pairing, random, { cap })
+    if (!sel) return new RTR_ERR_NO_INSTANCE(req.model)
+    req.onMode(sel.mode === 'full' ? sel.of : sel.mode)
+    if (sel.mode === 'full') return undefined
+    this.#acquire(sel)
+    return sel
+  }
+
+  #acquire(route: Route): void {
+    if (route.mode === 'pd') {
+      this.#o.registry.acquire(route.prefill.id)
+      this.#o.registry.acquire(route.decode.id)
+    } else {
+      this.#o.registry.acquire(route.target.id)
+    }
+  }
+
+  /** Admits from the head of the queue while slots allow (FIFO: no overtaking). */
+  #wake(): void {
+    while (this.#queue.length > 0) {
+      const head = this.#queue[0] as Waiter
+      const got = this.#tryAcquire(head.req)
+      if (got === undefined) return
+      this.#remove(head)
+      this.#o.metrics.queueWait.observe((this.#o.clock.monotonic() - head.since) / 1000)
+      if (got instanceof Error) head.reject(got)
+      else head.resolve(got)
+    }
+  }
+
+  #remove(w: Waiter): void {
+    const i = this.#queue.indexOf(w)
+    if (i >= 0) this.#queue.splice(i, 1)
+    this.#o.clock.clearTimeout(w.timer)
+    w.req.signal.removeEventListener('abort', w.onAbort)
+    this.#o.metrics.queueDepth.set(this.#queue.length)
+  }
+
+  #overloaded(model: string, why: string): Error {
+    const err = new RTR_ERR_OVERLOADED(model, why, this.#o.retryAfterSeconds)
+    return Object.assign(err, { retryAfterSeconds: this.#o.retryAfterSeconds })
+  }
+}

@@ -1,0 +1,185 @@
+import type { FastifyBaseLogger, FastifyReply } from 'fastify'
+import type { Clock } from '../../../common/clock.js'
+import type { RouterErrorCode } from '../errors.js'
+import type { LeaseEndReason, LeaseLedger } from '../leases/ledger.js'
+import type { RouterMetrics } from '../metrics.js'
+import type { TopologyRegistry } from '../topology/registry.js'
+import type { Route } from '../topology/selection.js'
+
+/** How a request ended: `ok`, the client left, an engine's own 4xx (`http_404`), or a router code. */
+export type Outcome = 'ok' | 'client_gone' | `http_${number}` | RouterErrorCode
+
+export interface ExchangeDeps {
+  registry: TopologyRegistry
+  ledger: LeaseLedger
+  metrics: RouterMetrics
+  clock: Clock
+}
+
+type LeaseState = 'none' | 'issued' | 'reading' | 'done' | 'released'
+
+/**
+ * One prompt's handoff inside an exchange: its own engine request id (fresh, so a client
+ * retry that reuses its X-Request-Id never collides inside an engine), the pair it runs on and
+ * its lease. The ledger is told each transition here and nowhere else.
+ */
+export class Handoff {
+  readonly engineRequestId: string
+  prefill: string | undefined
+  decode: string | undefined
+  #lease: LeaseState = 'none'
+  #failedLeg: 'decode' | undefined
+  readonly #ex: Exchange
+
+  constructor(ex: Exchange, engineRequestId: string) {
+    this.#ex = ex
+    this.engineRequestId = engineRequestId
+  }
+
+  /** P answered with kv_transfer_params: its blocks are pinned for this handoff. */
+  issue(params: Record<string, unknown>, prefill: string, decode: string): void {
+    this.prefill = prefill
+    this.decode = decode
+    this.#lease = 'issued'
+    const remote = params.remote_request_id
+    this.#ex.deps.ledger.issue({
+      requestId: this.engineRequestId,
+      clientRequestId: this.#ex.id,
+      prefill,
+      decode,
+      engineId: String(params.remote_engine_id),
+      // vLLM before late 2025 sends no remote_request_id (PR #29665).
+      ...(typeof remote === 'string' ? { remoteRequestId: remote } : {}),
+      issuedAt: this.#ex.deps.clock.now(),
+    })
+  }
+
+  /** The params went to another decoder after the first refused the connection. */
+  redirect(decode: string): void {
+    this.decode = decode
+    if (this.#lease === 'issued') this.#ex.deps.ledger.redirect(this.engineRequestId, decode)
+  }
+
+  /** The decode leg is being sent with the params. */
+  reading(): void {
+    if (this.#lease !== 'issued') return
+    this.#lease = 'reading'
+    this.#ex.deps.ledger.reading(this.engineRequestId)
+  }
+
+  /** D produced its first byte: the read is done. */
+  done(): void {
+    if (this.#lease !== 'issued' && this.#lease !== 'reading') return
+    this.#lease = 'done'
+    this.#ex.deps.ledger.done(this.engineRequestId)
+  }
+
+  decodeFailed(): void {
+    this.#failedLeg = 'decode'
+  }
+
+  /** At settle: a lease still unread is released, so P's blocks are not stranded until expiry. */
+  end(outcome: Outcome): void {
+    if (this.#lease !== 'issued' && this.#lease !== 'reading') return
+    this.#lease = 'released'
+    const reason: LeaseEndReason = outcome === 'client_gone' ? 'client_gone' : this.#failedLeg === 'decode' ? 'decode_failed' : 'router_error'
+    this.#ex.deps.ledger.release(this.engineRequestId, reason)
+  }
+}
+
+/**
+ * One client request, from arrival to the last byte (DESIGN "One request, end to end"). It
+ * owns the abort signal for every upstream leg, the instance slots held for it, its handoffs
+ * and its timings, and settles exactly once when the client connection closes for it,
+ * whatever path got there: counted in metrics, slots released, unread leases released.
+ */
+export class Exchange {
+  /** The client's X-Request-Id (or one made for it): logs and the response header, never an engine. */
+  readonly id: string
+  readonly signal: AbortSignal
+  readonly started: number
+  readonly log: FastifyBaseLogger
+  readonly deps: ExchangeDeps
+  mode: Route['mode'] | 'none' = 'none'
+  readonly handoffs: Handoff[] = []
+  readonly #abort = new AbortController()
+  readonly #held: string[] = []
+  #outcome: Outcome | undefined
+  #settled = false
+
+  constructor(deps: ExchangeDeps, id: string, reply: FastifyReply, log: FastifyBaseLogger) {
+    this.deps = deps
+    this.id = id
+    this.log = log
+    this.signal = this.#abort.signal
+    this.started = deps.clock.monotonic()
+    deps.metrics.inflight.inc()
+    // 'close' fires once per response: after the last byte was flushed, or when the client
+    // went away first. That makes it the one place every path ends.
+    reply.raw.once('close', () => {
+      const finished = reply.raw.writableFinished
+      if (!finished) this.#abort.abort(new ClientGone())
+      this.settle(finished ? (this.#outcome ?? 'ok') : 'client_gone')
+    })
+  }
+
+  get settled(): boolean {
+    return this.#settled
+  }
+
+  handoff(engineRequestId: string): Handoff {
+    const h = new Handoff(this, engineRequestId)
+    this.handoffs.push(h)
+    return h
+  }
+
+  /** Slots acquired for this request; released at settle (or earlier with `release`). */
+  hold(route: Route): void {
+    const ids = route.mode === 'pd' ? [route.prefill.id, route.decode.id] : [route.target.id]
+    for (const id of ids) this.holdInstance(id)
+  }
+
+  holdInstance(id: string): void {
+    // A slot granted after the exchange ended goes straight back.
+    if (this.#settled) this.deps.registry.release(id)
+    else this.#held.push(id)
+  }
+
+  /** Gives one held slot back early (P's, once its leg is over). */
+  release(id: string): void {
+    const i = this.#held.indexOf(id)
+    if (i < 0) return
+    this.#held.splice(i, 1)
+    this.deps.registry.release(id)
+  }
+
+  /** What the request's answer says happened, recorded when it is decided. */
+  outcome(outcome: Outcome): void {
+    this.#outcome ??= outcome
+  }
+
+  /** Aborts every upstream leg still running (one sub-request of a batch failed). */
+  abortUpstream(reason: unknown): void {
+    this.#abort.abort(reason)
+  }
+
+  settle(outcome: Outcome): void {
+    if (this.#settled) return
+    this.#settled = true
+    const { metrics, clock, registry } = this.deps
+    if (outcome !== 'ok' && !this.signal.aborted) this.#abort.abort(new ClientGone())
+    for (const id of this.#held.splice(0)) registry.release(id)
+    for (const h of this.handoffs) h.end(outcome)
+    metrics.inflight.dec()
+    metrics.requests.inc({ mode: this.mode, outcome })
+    metrics.requestDuration.observe({ mode: this.mode }, (clock.monotonic() - this.started) / 1000)
+    if (outcome === 'client_gone') this.log.info('client went away; upstream work aborted')
+  }
+}
+
+/** The reason an exchange's signal carries when the client left (nothing is sent back). */
+export class ClientGone extends Error {
+  constructor() {
+    super('the client went away')
+  }
+}

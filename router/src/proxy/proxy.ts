@@ -1,0 +1,149 @@
+import { Readable } from 'node:stream'
+import type { FastifyReply, FastifyRequest } from 'fastify'
+import { errorEvent, isRouterError, RTR_ERR_INTERNAL, type CodedError, type RouterErrorCode } from '../errors.js'
+import { mergeCompletions, mergeStreams, splitBatch } from './batch.js'
+import { ClientGone, Exchange, type ExchangeDeps, type Handoff } from './exchange.js'
+import { HandoffRunner, type Answer, type HandoffDeps } from './handoff.js'
+import { wantsStream } from './legs.js'
+import { relaySse } from './relay.js'
+import { LegFailure } from './upstream.js'
+
+type Body = Record<string, unknown>
+type Mapped = CodedError & { code: RouterErrorCode }
+
+const JSON_TYPE = 'application/json'
+
+/** One sub-request of a batch failed: the others are stopped (their signal carries this). */
+class BatchAborted extends Error {}
+
+/**
+ * The completion routes' handler: one request's story. An Exchange is opened for it and
+ * settles once, when the response closes; a batch of prompts runs one handoff per prompt;
+ * the answer is relayed, and every failure becomes an outcome here and a client error in
+ * app.ts's error handler.
+ */
+export class CompletionProxy {
+  readonly #deps: ExchangeDeps & HandoffDeps
+  readonly #runner: HandoffRunner
+
+  constructor(deps: ExchangeDeps & HandoffDeps) {
+    this.#deps = deps
+    this.#runner = new HandoffRunner(deps)
+  }
+
+  async handle(req: FastifyRequest, reply: FastifyReply, path: string): Promise<FastifyReply> {
+    const ex = new Exchange(this.#deps, req.id, reply, req.log)
+    const body = req.body as Body
+    try {
+      const batch = path === '/v1/completions' ? splitBatch(body) : undefined
+      if (batch && batch.length > 1) return await this.#batch(ex, reply, body, batch, path)
+      const answer = await this.#runner.run(ex, batch?.[0] ?? body, path)
+      return await this.#respond(ex, reply, answer, wantsStream(body))
+    } catch (err) {
+      return this.#failed(ex, reply, err)
+    }
+  }
+
+  /** Relays one handoff's answer: an engine's 4xx as it is, a 5xx mapped, 2xx streamed or whole. */
+  async #respond(ex: Exchange, reply: FastifyReply, a: Answer, stream: boolean): Promise<FastifyReply> {
+    if (a.kind === 'engine-error') {
+      ex.outcome(`http_${a.status}`)
+      return reply.code(a.status).type(a.contentType).send(a.body)
+    }
+    const { upstream } = this.#deps
+    const { res } = a.answer
+    const contentType = String(res.headers['content-type'] ?? JSON_TYPE)
+    if (res.statusCode >= 400) {
+      a.handoff.decodeFailed()
+      const text = await upstream.readAll(a.call, a.answer)
+      if (res.statusCode >= 500) throw upstream.statusFailure(a.call, res.statusCode, text)
+      ex.outcome(`http_${res.statusCode}`)
+      return reply.code(res.statusCode).type(contentType).send(text)
+    }
+    if (!stream || !contentType.startsWith('text/event-stream')) {
+      const buf = await upstream.readAll(a.call, a.answer)
+      a.handoff.done()
+      return reply.code(res.statusCode).type(contentType).send(buf)
+    }
+    // Past this point the status is sent: a failure can only end the stream with an error event.
+    const relay = relaySse(res.body, {
+      signal: ex.signal,
+      onFirstChunk: () => a.handoff.done(),
+      onEnd: (r) => {
+        if (r !== 'ok') ex.outcome(r.code)
+      },
+      mapError: (err) => upstream.fail(a.call, { kind: 'transport', cause: err }).error,
+    })
+    return reply.code(res.statusCode).header('content-type', contentType).header('cache-control', 'no-cache').send(relay)
+  }
+
+  async #batch(ex: Exchange, reply: FastifyReply, body: Body, bodies: Body[], path: string): Promise<FastifyReply> {
+    const answers = await Promise.all(bodies.map((b) => this.#runner.run(ex, b, path))).catch((err: unknown) => {
+      ex.abortUpstream(new BatchAborted())
+      throw err
+    })
+    const bad = answers.find((a) => a.kind === 'engine-error' || a.answer.res.statusCode >= 400)
+    if (bad) {
+      // The first failed prompt answers for the batch; the other prompts' legs are stopped.
+      try {
+        return await this.#respond(ex, reply, bad, false)
+      } finally {
+        ex.abortUpstream(new BatchAborted())
+      }
+    }
+    const ok = answers as (Answer & { kind: 'upstream' })[]
+    const { upstream } = this.#deps
+    if (!wantsStream(body)) {
+      const parsed = await Promise.all(
+        ok.map(async (a) => {
+          const buf = await upstream.readAll(a.call, a.answer)
+          a.handoff.done()
+          try {
+            return JSON.parse(buf.toString('utf8')) as Body
+          } catch (err) {
+            throw upstream.fail(a.call, { kind: 'bad-response', detail: 'answer is not JSON', cause: err })
+          }
+        }),
+      ).catch((err: unknown) => {
+        ex.abortUpstream(new BatchAborted())
+        throw err
+      })
+      return reply.code(200).type(JSON_TYPE).send(mergeCompletions(body, parsed))
+    }
+    const streams = ok.map((a) => firstChunkMarks(a.answer.res.body as AsyncIterable<Buffer>, a.handoff))
+    const merged = async function* (this: void): AsyncGenerator<string> {
+      try {
+        yield* mergeStreams(body, streams)
+      } catch (err) {
+        if (ex.signal.aborted) return
+        const failed = ok.find((a) => a.answer.res.body.errored) ?? (ok[0] as Answer & { kind: 'upstream' })
+        const mapped = upstream.fail(failed.call, { kind: 'transport', cause: err }).error
+        ex.outcome(mapped.code)
+        ex.abortUpstream(new BatchAborted())
+        yield errorEvent(mapped)
+      }
+    }
+    return reply.code(200).header('content-type', 'text/event-stream').header('cache-control', 'no-cache').send(Readable.from(merged()))
+  }
+
+  #failed(ex: Exchange, reply: FastifyReply, err: unknown): FastifyReply {
+    if (ex.signal.reason instanceof ClientGone || err instanceof ClientGone) {
+      ex.outcome('client_gone')
+      return reply.code(499).send()
+    }
+    const mapped: Mapped = err instanceof LegFailure ? err.error : isRouterError(err) ? err : new RTR_ERR_INTERNAL((err as Error)?.message ?? String(err), { cause: err })
+    ex.outcome(mapped.code)
+    throw mapped
+  }
+}
+
+async function* firstChunkMarks(body: AsyncIterable<Buffer>, h: Handoff): AsyncGenerator<Buffer> {
+  let first = true
+  for await (const chunk of body) {
+    if (first) {
+      first = false
+      h.done()
+    }
+    yield chunk
+  }
+}

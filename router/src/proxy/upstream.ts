@@ -1,0 +1,150 @@
+import { request, type Dispatcher } from 'undici'
+import type { CodedError, RouterErrorCode } from '../errors.js'
+import type { RouterMetrics } from '../metrics.js'
+import type { TopologyRegistry } from '../topology/registry.js'
+import { ClientGone } from './exchange.js'
+import { isConnectFailure, mapUpstreamFailure, upstreamErrorDetail, type Leg, type UpstreamFailure } from './upstream-errors.js'
+
+export interface UpstreamTarget {
+  readonly id: string
+  readonly url: string
+}
+
+export interface UpstreamCall {
+  target: UpstreamTarget
+  leg: Leg
+  path: string
+  payload: string
+  headers: Record<string, string>
+  /** The exchange's signal: the client left. */
+  signal: AbortSignal
+  headersTimeoutMs: number
+  bodyTimeoutMs: number
+  /** A deadline for the whole answer, head and body (the prefill leg). */
+  deadlineMs?: number
+}
+
+/** An upstream leg that failed, already mapped to the router error the client will see. */
+export class LegFailure extends Error {
+  constructor(
+    readonly leg: Leg,
+    readonly target: string,
+    readonly error: CodedError & { code: RouterErrorCode },
+  ) {
+    super(error.message)
+  }
+
+  /** The engine never got the request: it may go to another instance. */
+  get retryable(): boolean {
+    return isConnectFailure(this.error)
+  }
+}
+
+export interface UpstreamAnswer {
+  res: Dispatcher.ResponseData
+  /** Aborts when the client leaves or the call's deadline passes; reads of `res.body` honour it. */
+  signal: AbortSignal
+  /** Stops the deadline timer once the answer is read. */
+  settle(): void
+}
+
+class DeadlinePassed extends Error {}
+
+/**
+ * Talks to engines. Every failure of a call is mapped here, once, and only a failure to
+ * connect is reported to the registry against the instance's health.
+ */
+export class Upstream {
+  readonly #dispatcher: Dispatcher
+  readonly #registry: TopologyRegistry
+  readonly #metrics: RouterMetrics
+
+  constructor(opts: { dispatcher: Dispatcher; registry: TopologyRegistry; metrics: RouterMetrics }) {
+    this.#dispatcher = opts.dispatcher
+    this.#registry = opts.registry
+    this.#metrics = opts.metrics
+  }
+
+  async send(call: UpstreamCall): Promise<UpstreamAnswer> {
+    const deadline = call.deadlineMs === undefined ? undefined : deadlineTimer(call.deadlineMs)
+    const signal = deadline ? AbortSignal.any([call.signal, deadline.signal]) : call.signal
+    const settle = (): void => deadline?.clear()
+    const options = {
+      method: 'POST' as const,
+      body: call.payload,
+      headers: call.headers,
+      signal,
+      dispatcher: this.#dispatcher,
+      headersTimeout: call.headersTimeoutMs,
+      bodyTimeout: call.bodyTimeoutMs,
+    }
+    const url = call.target.url + call.path
+    try {
+      let res: Dispatcher.ResponseData
+      try {
+        res = await request(url, options)
+      } catch (err) {
+        // An idle keep-alive socket the engine closed just as the request went out: the engine
+        // never read it, so it is sent once more on a fresh connection.
+        if (signal.aborted || !closedWhileIdle(err)) throw err
+        res = await request(url, options)
+      }
+      // It answered: whatever the status, the instance is reachable.
+      this.#registry.recordSuccess(call.target.id)
+      return { res, signal, settle }
+    } catch (err) {
+      settle()
+      throw this.#failure(call, signal, err)
+    }
+  }
+
+  /** The whole body; a failure while reading is mapped like one while sending. */
+  async readAll(call: UpstreamCall, answer: UpstreamAnswer): Promise<Buffer> {
+    try {
+      return Buffer.from(await answer.res.body.arrayBuffer())
+    } catch (err) {
+      throw this.#failure(call, answer.signal, err)
+    } finally {
+      answer.settle()
+    }
+  }
+
+  /** An engine's 5xx: mapped to a 502 (not a health failure: a bad input can cause it). */
+  statusFailure(call: UpstreamCall, status: number, body: Buffer): LegFailure {
+    return this.fail(call, { kind: 'status', status, detail: upstreamErrorDetail(body.toString('utf8')) })
+  }
+
+  fail(call: UpstreamCall, failure: UpstreamFailure): LegFailure {
+    const error = mapUpstreamFailure(failure, call.leg, call.target.id)
+    const leg = new LegFailure(call.leg, call.target.id, error)
+    if (leg.retryable) this.#registry.recordFailure(call.target.id)
+    this.#metrics.upstreamErrors.inc({ leg: call.leg, code: error.code })
+    return leg
+  }
+
+  #failure(call: UpstreamCall, signal: AbortSignal, err: unknown): Error {
+    if (call.signal.aborted) return call.signal.reason instanceof Error ? call.signal.reason : new ClientGone()
+    if (signal.aborted && signal.reason instanceof DeadlinePassed) {
+      return this.fail(call, { kind: 'transport', cause: Object.assign(new Error(`no whole answer within ${call.deadlineMs} ms`), { code: 'ETIMEDOUT' }) })
+    }
+    return this.fail(call, { kind: 'transport', cause: err })
+  }
+}
+
+function deadlineTimer(ms: number): { signal: AbortSignal; clear(): void } {
+  const ac = new AbortController()
+  const timer = setTimeout(() => ac.abort(new DeadlinePassed()), ms)
+  timer.unref()
+  return { signal: ac.signal, clear: () => clearTimeout(timer) }
+}
+
+/**
+ * undici reports "other side closed" with the socket's byte counts. Bytes read before any
+ * answer to this request came from earlier answers: the socket was reused, and the engine
+ * closed it while idle. On a fresh socket the same error means the engine died on this request,
+ * which is never retried.
+ */
+function closedWhileIdle(err: unknown): boolean {
+  const e = err as { code?: unknown; socket?: { bytesRead?: unknown } } | undefined
+  return e?.code === 'UND_ERR_SOCKET' && typeof e.socket?.bytesRead === 'number' && e.socket.bytesRead > 0
+}

@@ -90,3 +90,68 @@ t.test('bad input is rejected', async (t) => {
   t.throws(() => reg.add({ id: 'p', role: 'prefill', url: 'http://127.0.0.1:1' }), /duplicate/)
   t.throws(() => reg.acquire('nope'), /unknown instance/)
 })
+
+t.test('an instance that was up goes down only after unhealthyThreshold failed probes in a row', async (t) => {
+  const { reg } = registry()
+  const changes: string[] = []
+  reg.subscribe((c) => changes.push(`${c.type}:${c.instanceId}`))
+  reg.recordProbe('d', true)
+  reg.recordProbe('d', false)
+  t.ok(reg.isUp('d'), 'one lost probe (a busy moment) is not an outage')
+  reg.recordProbe('d', true)
+  reg.recordProbe('d', false)
+  t.ok(reg.isUp('d'), 'the streak restarted')
+  reg.recordProbe('d', false)
+  t.notOk(reg.isUp('d'), 'two in a row (the threshold) mark it down')
+  reg.recordProbe('d', false)
+  reg.recordProbe('d', true)
+  t.same(changes, ['up:d', 'down:d', 'up:d'], 'subscribers hear each transition once')
+  reg.recordProbe('p', false)
+  t.notOk(reg.isUp('p'), 'an instance never seen up is down at its first failed probe')
+})
+
+t.test('a passing probe ends an ejection; the backoff starts over after a quiet period', async (t) => {
+  const { clock, reg } = registry()
+  const changes: string[] = []
+  reg.subscribe((c) => changes.push(c.type === 'ejected' ? `ejected:${c.forMs}` : c.type))
+  reg.recordProbe('d', true)
+  reg.recordFailure('d')
+  reg.recordFailure('d')
+  t.notOk(reg.isUp('d'), 'ejected')
+  reg.recordProbe('d', true)
+  t.ok(reg.isUp('d'), 'the instance serves again: forgiven')
+  reg.recordFailure('d')
+  reg.recordFailure('d')
+  clock.advance(100)
+  reg.recordProbe('d', true)
+  reg.recordFailure('d')
+  reg.recordFailure('d')
+  clock.advance(10_000)
+  reg.recordFailure('d')
+  reg.recordFailure('d')
+  t.same(changes, ['up', 'ejected:1000', 'up', 'ejected:2000', 'up', 'ejected:3000', 'ejected:1000'], 'doubling while close together, then from the start')
+})
+
+t.test('draining stops new work and says when the last request left', async (t) => {
+  const { reg } = registry()
+  const changes: string[] = []
+  reg.subscribe((c) => c.type !== 'released' && changes.push(c.type))
+  reg.acquire('d')
+  reg.drain('d')
+  reg.drain('d')
+  t.notOk(reg.isUp('d'))
+  t.equal(reg.snapshot().instances.find((i) => i.id === 'd')?.draining, true)
+  reg.release('d')
+  t.same(changes, ['draining', 'drained'])
+})
+
+t.test('an engine_id change is told to subscribers', async (t) => {
+  const { reg } = registry()
+  const changes: unknown[] = []
+  const off = reg.subscribe((c) => changes.push(c))
+  reg.observeEngineId('p', 'e1')
+  reg.observeEngineId('p', 'e2')
+  off()
+  reg.observeEngineId('p', 'e3')
+  t.same(changes, [{ type: 'engine_id_changed', instanceId: 'p', address: '127.0.0.1:1001', previous: 'e1', current: 'e2' }])
+})

@@ -4,14 +4,23 @@ import { Agent, request } from 'undici'
 import { spawnService, type SpawnedService } from '../common/spawn.js'
 import { decodeBody, prefillBody } from '../router/src/proxy/legs.js'
 import { closedLoop, mean, percentile, type LoadResult } from './load.js'
+import { runOverload } from './overload.js'
 import { cpuSeconds, rssMiB } from './proc-stats.js'
 
 const HELP = `usage: handoff bench overhead [--quick] [--sizes 200,2048,16384,204800]
                                [--concurrency 1,64] [--seconds S] [--requests N] [--rounds R] [--json]
+                               [--no-overload | --overload-only] [--overload-concurrency 300]
+                               [--overload-seconds 25] [--overload-tokens 100]
+                               [--baseline PATH/dist/cli/main.js]
 
 Router overhead: the same simulators (--kv none, zero delays) driven three ways, alternating
 in one run: a direct two-leg client, a bare fastify+undici two-leg proxy (the floor of the
-stack), and the router. Prints a markdown table.
+stack), and the router. Prints a markdown table. --baseline adds a fourth path, the router of
+another build (an earlier commit's checkout), so a change is compared in the same run.
+
+Then the overload case: a slow decoder (40 ms/token) under hundreds of concurrent streams,
+a direct client beside the router: non-2xx counts, the decoder's state as the router saw it,
+throughput and p99.
 `
 
 const WORDS = ['alpha', 'bravo', 'charlie', 'delta', 'echo', 'foxtrot', 'golf', 'hotel', 'india', 'juliet']
@@ -34,6 +43,8 @@ interface Cell {
   direct: LoadResult
   bare: LoadResult
   router: LoadResult
+  /** The --baseline build's router, when given. */
+  baseline: LoadResult | undefined
   bareCpuPer1k: number
   routerCpuPer1k: number
   /** P and D together, over the same router rounds: the work the router fronts. */
@@ -63,6 +74,12 @@ export async function runOverheadBench(argv: string[]): Promise<void> {
       requests: { type: 'string' },
       rounds: { type: 'string' },
       json: { type: 'boolean' },
+      'no-overload': { type: 'boolean' },
+      'overload-only': { type: 'boolean' },
+      'overload-concurrency': { type: 'string' },
+      'overload-seconds': { type: 'string' },
+      'overload-tokens': { type: 'string' },
+      baseline: { type: 'string' },
       help: { type: 'boolean', short: 'h' },
     },
   })
@@ -76,6 +93,19 @@ export async function runOverheadBench(argv: string[]): Promise<void> {
   const seconds = Number(values.seconds ?? (quick ? 1 : 4))
   const maxRequests = Number(values.requests ?? (quick ? 200 : 4000))
   const rounds = Number(values.rounds ?? (quick ? 1 : 2))
+  const overload = {
+    concurrency: Number(values['overload-concurrency'] ?? (quick ? 60 : 300)),
+    seconds: Number(values['overload-seconds'] ?? (quick ? 4 : 25)),
+    maxTokens: Number(values['overload-tokens'] ?? (quick ? 20 : 100)),
+    decodeDelayMs: 40,
+  }
+  if (!values['overload-only']) await runOverheadTable({ sizes, concurrencies, seconds, maxRequests, rounds, json: values.json === true, baseline: values.baseline })
+  if (!values['no-overload']) process.stdout.write(await runOverload(overload))
+}
+
+async function runOverheadTable(o: { sizes: number[]; concurrencies: number[]; seconds: number; maxRequests: number; rounds: number; json: boolean; baseline: string | undefined }): Promise<void> {
+  const { sizes, concurrencies, seconds, maxRequests, rounds } = o
+  const values = { json: o.json }
 
   const services: SpawnedService[] = []
   const agent = new Agent({ connections: 256, keepAliveTimeout: 30_000 })
@@ -97,6 +127,10 @@ export async function runOverheadBench(argv: string[]): Promise<void> {
     })
     services.push(router)
     const routerPid = router.child.pid as number
+    const baselineRouter = o.baseline
+      ? await spawnService({ entry: o.baseline, args: ['router', '--port', '0', '--log-level', 'warn'], env: { ...process.env, HANDOFF_INSTANCES: JSON.stringify([{ id: 'p0', role: 'prefill', url: p.url }, { id: 'd0', role: 'decode', url: d.url }]) } })
+      : undefined
+    if (baselineRouter) services.push(baselineRouter)
     const bare = await spawnService({ args: ['bench', 'bare-proxy', '--prefill', p.url, '--decode', d.url] })
     services.push(bare)
     const barePid = bare.child.pid as number
@@ -118,13 +152,16 @@ export async function runOverheadBench(argv: string[]): Promise<void> {
       const viaRouter = async (): Promise<void> => {
         await post(`${router.url}/v1/completions`, body)
       }
+      const viaBaseline = async (): Promise<void> => {
+        await post(`${baselineRouter?.url}/v1/completions`, body)
+      }
       const viaBare = async (): Promise<void> => {
         await post(`${bare.url}/v1/completions`, body)
       }
       for (const concurrency of concurrencies) {
         const loop = { concurrency, maxRequests, maxSeconds: seconds }
         // Warm every path (connections, JIT) before measuring.
-        for (const send of [direct, viaRouter, viaBare]) await closedLoop({ ...loop, maxRequests: Math.min(50, maxRequests), send })
+        for (const send of [direct, viaRouter, viaBare, ...(baselineRouter ? [viaBaseline] : [])]) await closedLoop({ ...loop, maxRequests: Math.min(50, maxRequests), send })
         // One measured loop, with the CPU the given processes spent during it.
         const cpuOf = (pids: number[]): number => pids.reduce((sum, pid) => sum + cpuSeconds(pid), 0)
         const measure = async (send: () => Promise<void>, pids: number[]): Promise<{ load: LoadResult; cpu: number }> => {
@@ -136,6 +173,7 @@ export async function runOverheadBench(argv: string[]): Promise<void> {
         const empty = (): LoadResult => ({ latenciesMs: [], errors: 0, wallSeconds: 0 })
         let d0 = empty()
         let r0 = empty()
+        let base0 = empty()
         let b0 = empty()
         let cpu = 0
         let bareCpu = 0
@@ -151,6 +189,7 @@ export async function runOverheadBench(argv: string[]): Promise<void> {
           r0 = merge(r0, rt.load)
           cpu += rt.cpu
           enginesCpu += cpuOf(enginePids) - before
+          if (baselineRouter) base0 = merge(base0, (await measure(viaBaseline, [])).load)
         }
         const cell: Cell = {
           size,
@@ -158,6 +197,7 @@ export async function runOverheadBench(argv: string[]): Promise<void> {
           direct: d0,
           bare: b0,
           router: r0,
+          baseline: baselineRouter ? base0 : undefined,
           bareCpuPer1k: (bareCpu / Math.max(1, b0.latenciesMs.length)) * 1000,
           routerCpuPer1k: (cpu / Math.max(1, r0.latenciesMs.length)) * 1000,
           enginesCpuPer1k: (enginesCpu / Math.max(1, r0.latenciesMs.length)) * 1000,
@@ -191,6 +231,7 @@ function summarize(c: Cell) {
     bare_p50_ms: percentile(bs, 50),
     bare_rps: bs.length / c.bare.wallSeconds,
     added_mean_ms: mean(rs) - mean(ds),
+    ...(c.baseline ? { baseline_added_mean_ms: mean(c.baseline.latenciesMs) - mean(ds), baseline_rps: c.baseline.latenciesMs.length / c.baseline.wallSeconds } : {}),
     bare_added_mean_ms: mean(bs) - mean(ds),
     bare_cpu_s_per_1k: c.bareCpuPer1k,
     router_cpu_s_per_1k: c.routerCpuPer1k,
@@ -204,12 +245,12 @@ function table(cells: Cell[], run: { seconds: number; maxRequests: number; round
   const f = (n: number, d = 2): string => (Number.isFinite(n) ? n.toFixed(d) : 'n/a')
   const rows = cells.map((c) => {
     const s = summarize(c)
-    return `| ${s.prompt_bytes} | ${s.concurrency} | ${f(s.direct_p50_ms)} / ${f(s.direct_p99_ms)} | ${f(s.router_p50_ms)} / ${f(s.router_p99_ms)} | ${f(s.direct_rps, 0)} / ${f(s.bare_rps, 0)} / ${f(s.router_rps, 0)} | ${f(s.bare_added_mean_ms)} / ${f(s.added_mean_ms)} | ${f(s.bare_cpu_s_per_1k)} / ${f(s.router_cpu_s_per_1k)} | ${f(s.engines_cpu_s_per_1k)} | ${f(s.router_rss_mib, 0)} | ${s.errors} |`
+    return `| ${s.prompt_bytes} | ${s.concurrency} | ${f(s.direct_p50_ms)} / ${f(s.direct_p99_ms)} | ${f(s.router_p50_ms)} / ${f(s.router_p99_ms)} | ${f(s.direct_rps, 0)} / ${f(s.bare_rps, 0)} / ${f(s.router_rps, 0)} | ${f(s.bare_added_mean_ms)} / ${f(s.added_mean_ms)}${s.baseline_added_mean_ms === undefined ? '' : ` / ${f(s.baseline_added_mean_ms)}`} | ${f(s.bare_cpu_s_per_1k)} / ${f(s.router_cpu_s_per_1k)} | ${f(s.engines_cpu_s_per_1k)} | ${f(s.router_rss_mib, 0)} | ${s.errors} |`
   })
   return [
     `Machine: ${cpus().length} × ${cpus()[0]?.model ?? 'cpu'}, ${(totalmem() / 2 ** 30).toFixed(0)} GiB, Node ${process.version}; ${run.rounds} alternating rounds of ≤${run.maxRequests} requests / ${run.seconds} s per path per cell; /v1/completions, max_tokens 8, not streamed.`,
     '',
-    '| prompt bytes | concurrency | direct p50 / p99 ms | router p50 / p99 ms | req/s direct / bare / router | added mean ms bare / router | proxy CPU s per 1k req bare / router | P+D CPU s per 1k req | router RSS MiB | errors |',
+    `| prompt bytes | concurrency | direct p50 / p99 ms | router p50 / p99 ms | req/s direct / bare / router | added mean ms bare / router${cells.some((c) => c.baseline) ? ' / baseline' : ''} | proxy CPU s per 1k req bare / router | P+D CPU s per 1k req | router RSS MiB | errors |`,
     '| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |',
     ...rows,
     '',

@@ -22,6 +22,8 @@ export interface SpawnOptions {
   inheritOutput?: boolean
   /** Keep at most this many characters of output (default 64 KiB). */
   outputLimit?: number
+  /** Another build's CLI entry (a baseline to compare with); default this package's. */
+  entry?: string
 }
 
 /**
@@ -30,10 +32,11 @@ export interface SpawnOptions {
  * or stays silent past the timeout.
  */
 export async function spawnService(opts: SpawnOptions): Promise<SpawnedService> {
-  if (!existsSync(cliEntry)) throw new Error(`${cliEntry} is missing: run \`npm run build\` first`)
+  const entry = opts.entry ?? cliEntry
+  if (!existsSync(entry)) throw new Error(`${entry} is missing: run \`npm run build\` first`)
   const limit = opts.outputLimit ?? 65536
   let buffer = ''
-  const child = spawn(process.execPath, [cliEntry, ...opts.args], {
+  const child = spawn(process.execPath, [entry, ...opts.args], {
     env: opts.env ?? process.env,
     stdio: ['ignore', 'pipe', 'pipe', 'ipc'],
   })

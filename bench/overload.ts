@@ -1,0 +1,138 @@
+import { cpus, totalmem } from 'node:os'
+import { Agent, request } from 'undici'
+import { spawnService, type SpawnedService } from '../common/spawn.js'
+import { decodeBody, prefillBody } from '../router/src/proxy/legs.js'
+import { closedLoop, mean, percentile, type LoadResult } from './load.js'
+
+export interface OverloadOptions {
+  concurrency: number
+  seconds: number
+  maxTokens: number
+  decodeDelayMs: number
+}
+
+interface Row {
+  path: 'direct' | 'router'
+  load: LoadResult
+  statuses: Map<number, number>
+  /** Router only: samples of the decoder's instance_up gauge, ejections, and the queue. */
+  d0DownSamples?: number
+  samples?: number
+  ejections?: number
+  maxQueue?: number
+}
+
+function metricValue(text: string, re: RegExp): number {
+  return [...text.matchAll(re)].reduce((a, m) => a + Number(m[1]), 0)
+}
+
+/**
+ * The busy-decoder case of issue 6: 1 P + 1 D simulator, a slow decoder (40 ms per token),
+ * hundreds of concurrent streamed chat requests. A direct two-leg client and the router run
+ * the same load one after the other; for the router, its view of the decoder is sampled
+ * throughout. Overload must show as latency and 429s, never as a decoder marked down.
+ */
+export async function runOverload(o: OverloadOptions): Promise<string> {
+  const services: SpawnedService[] = []
+  const agent = new Agent({ connections: o.concurrency * 2, keepAliveTimeout: 4000 })
+  try {
+    const [p, d] = await Promise.all([
+      spawnService({ args: ['sim', '--role', 'prefill', '--kv', 'none', '--log-level', 'warn'] }),
+      spawnService({ args: ['sim', '--role', 'decode', '--kv', 'none', '--log-level', 'warn', '--decode-delay-ms', String(o.decodeDelayMs)] }),
+    ])
+    services.push(p, d)
+    const router = await spawnService({
+      args: ['router', '--port', '0', '--log-level', 'warn'],
+      env: {
+        ...process.env,
+        HANDOFF_INSTANCES: JSON.stringify([
+          { id: 'p0', role: 'prefill', url: p.url },
+          { id: 'd0', role: 'decode', url: d.url },
+        ]),
+      },
+    })
+    services.push(router)
+    const body = { model: 'handoff/sim-1', messages: [{ role: 'user', content: 'tell me a long story' }], max_tokens: o.maxTokens, stream: true }
+    const run = async (path: Row['path'], send: (statuses: Map<number, number>) => Promise<void>): Promise<Row> => {
+      const statuses = new Map<number, number>()
+      const load = await closedLoop({ concurrency: o.concurrency, maxRequests: Number.MAX_SAFE_INTEGER, maxSeconds: o.seconds, send: () => send(statuses) })
+      return { path, load, statuses }
+    }
+    const count = (statuses: Map<number, number>, status: number): void => {
+      statuses.set(status, (statuses.get(status) ?? 0) + 1)
+    }
+    const postJson = async (url: string, b: unknown): Promise<{ status: number; json: Record<string, unknown> | undefined; text: string }> => {
+      const res = await request(url, { method: 'POST', dispatcher: agent, body: JSON.stringify(b), headers: { 'content-type': 'application/json' }, headersTimeout: 120_000, bodyTimeout: 120_000 })
+      const text = await res.body.text()
+      return { status: res.statusCode, json: res.headers['content-type']?.toString().startsWith('application/json') ? (JSON.parse(text) as Record<string, unknown>) : undefined, text }
+    }
+    const fail = (status: number): never => {
+      throw new Error(`HTTP ${status}`)
+    }
+    const direct = await run('direct', async (statuses) => {
+      const pr = await postJson(`${p.url}/v1/chat/completions`, prefillBody(body))
+      if (pr.status !== 200) {
+        count(statuses, pr.status)
+        fail(pr.status)
+      }
+      const dr = await postJson(`${d.url}/v1/chat/completions`, decodeBody(body, pr.json?.kv_transfer_params as Record<string, unknown>))
+      count(statuses, dr.status)
+      if (dr.status !== 200) fail(dr.status)
+    })
+    let samples = 0
+    let down = 0
+    let maxQueue = 0
+    const sampler = setInterval(() => {
+      void request(`${router.url}/metrics`, { dispatcher: agent })
+        .then((r) => r.body.text())
+        .then((text) => {
+          samples++
+          if (/^handoff_router_instance_up\{[^}]*instance="d0"[^}]*\} 0/m.test(text)) down++
+          maxQueue = Math.max(maxQueue, metricValue(text, /^handoff_router_admission_queue_depth (\d+)/gm))
+        })
+        .catch(() => undefined)
+    }, 500)
+    const viaRouter = await run('router', async (statuses) => {
+      const r = await postJson(`${router.url}/v1/chat/completions`, body)
+      count(statuses, r.status)
+      if (r.status !== 200) fail(r.status)
+    })
+    clearInterval(sampler)
+    const metrics = await (await request(`${router.url}/metrics`, { dispatcher: agent })).body.text()
+    const routerRow: Row = {
+      ...viaRouter,
+      samples,
+      d0DownSamples: down,
+      maxQueue,
+      ejections: metricValue(metrics, /^handoff_router_topology_changes_total\{type="ejected"\} (\d+)/gm),
+    }
+    return table(o, [direct, routerRow])
+  } finally {
+    await Promise.all(services.map((s) => s.stop()))
+    await agent.close()
+  }
+}
+
+function table(o: OverloadOptions, rows: Row[]): string {
+  const f = (n: number, d = 0): string => (Number.isFinite(n) ? n.toFixed(d) : 'n/a')
+  const lines = rows.map((r) => {
+    const sorted = [...r.load.latenciesMs].sort((a, b) => a - b)
+    const non200 = [...r.statuses].filter(([s]) => s !== 200).reduce((a, [, n]) => a + n, 0)
+    const tooMany = r.statuses.get(429) ?? 0
+    // Failed requests that got no status at all (transport errors) count as "other" too.
+    const other = non200 - tooMany + (r.load.errors - non200)
+    const state = r.samples === undefined ? '—' : `down in ${r.d0DownSamples}/${r.samples} samples, ${r.ejections} ejections, queue ≤ ${r.maxQueue}`
+    return `| ${r.path} | ${sorted.length} | ${f(sorted.length / r.load.wallSeconds, 1)} | ${f(percentile(sorted, 50))} / ${f(percentile(sorted, 99))} / ${f(mean(sorted))} | ${tooMany} | ${other} | ${state} |`
+  })
+  const ratio = (rows[1]?.load.latenciesMs.length ?? 0) / Math.max(1, rows[0]?.load.latenciesMs.length ?? 0)
+  return [
+    `Machine: ${cpus().length} × ${cpus()[0]?.model ?? 'cpu'}, ${(totalmem() / 2 ** 30).toFixed(0)} GiB, Node ${process.version}. 1 P + 1 D simulator (--kv none), decode ${o.decodeDelayMs} ms/token; ${o.concurrency} concurrent streamed chat requests of ${o.maxTokens} tokens for ${o.seconds} s per path, one path after the other; router with default limits (cap 256 per instance, queue 1024).`,
+    '',
+    '| path | 200s | req/s | latency p50 / p99 / mean ms | 429s | other non-2xx or errors | decoder as the router saw it |',
+    '| --- | ---: | ---: | ---: | ---: | ---: | --- |',
+    ...lines,
+    '',
+    `Router completed ${f(ratio * 100)}% of the direct client's requests in the same time.`,
+    '',
+  ].join('\n')
+}

@@ -1,7 +1,8 @@
 import { cpus, totalmem } from 'node:os'
 import { parseArgs } from 'node:util'
 import { Agent, request } from 'undici'
-import { spawnService, type SpawnedService } from '../common/spawn.js'
+import { spawnService } from '../common/spawn.js'
+import { startBenchCluster } from './cluster.js'
 import { decodeBody, prefillBody } from '../router/src/proxy/legs.js'
 import { closedLoop, mean, percentile, type LoadResult } from './load.js'
 import { runOverload } from './overload.js'
@@ -107,32 +108,14 @@ async function runOverheadTable(o: { sizes: number[]; concurrencies: number[]; s
   const { sizes, concurrencies, seconds, maxRequests, rounds } = o
   const values = { json: o.json }
 
-  const services: SpawnedService[] = []
   const agent = new Agent({ connections: 256, keepAliveTimeout: 30_000 })
+  const cluster = await startBenchCluster()
   try {
-    const [p, d] = await Promise.all([
-      spawnService({ args: ['sim', '--role', 'prefill', '--kv', 'none', '--log-level', 'warn'] }),
-      spawnService({ args: ['sim', '--role', 'decode', '--kv', 'none', '--log-level', 'warn'] }),
-    ])
-    services.push(p, d)
-    const router = await spawnService({
-      args: ['router', '--port', '0', '--log-level', 'warn'],
-      env: {
-        ...process.env,
-        HANDOFF_INSTANCES: JSON.stringify([
-          { id: 'p0', role: 'prefill', url: p.url },
-          { id: 'd0', role: 'decode', url: d.url },
-        ]),
-      },
-    })
-    services.push(router)
+    const { p, d } = cluster
+    const router = await cluster.router()
     const routerPid = router.child.pid as number
-    const baselineRouter = o.baseline
-      ? await spawnService({ entry: o.baseline, args: ['router', '--port', '0', '--log-level', 'warn'], env: { ...process.env, HANDOFF_INSTANCES: JSON.stringify([{ id: 'p0', role: 'prefill', url: p.url }, { id: 'd0', role: 'decode', url: d.url }]) } })
-      : undefined
-    if (baselineRouter) services.push(baselineRouter)
-    const bare = await spawnService({ args: ['bench', 'bare-proxy', '--prefill', p.url, '--decode', d.url] })
-    services.push(bare)
+    const baselineRouter = o.baseline ? await cluster.router(o.baseline) : undefined
+    const bare = cluster.own(await spawnService({ args: ['bench', 'bare-proxy', '--prefill', p.url, '--decode', d.url] }))
     const barePid = bare.child.pid as number
 
     const post = async (url: string, body: unknown): Promise<Record<string, unknown>> => {
@@ -210,7 +193,7 @@ async function runOverheadTable(o: { sizes: number[]; concurrencies: number[]; s
     }
     if (!values.json) process.stdout.write(table(cells, { seconds, maxRequests, rounds }))
   } finally {
-    await Promise.all(services.map((s) => s.stop()))
+    await cluster.stop()
     await agent.close()
   }
 }

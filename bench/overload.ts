@@ -1,6 +1,6 @@
 import { cpus, totalmem } from 'node:os'
 import { Agent, request } from 'undici'
-import { spawnService, type SpawnedService } from '../common/spawn.js'
+import { startBenchCluster } from './cluster.js'
 import { decodeBody, prefillBody } from '../router/src/proxy/legs.js'
 import { closedLoop, mean, percentile, type LoadResult } from './load.js'
 
@@ -33,25 +33,11 @@ function metricValue(text: string, re: RegExp): number {
  * throughout. Overload must show as latency and 429s, never as a decoder marked down.
  */
 export async function runOverload(o: OverloadOptions): Promise<string> {
-  const services: SpawnedService[] = []
   const agent = new Agent({ connections: o.concurrency * 2, keepAliveTimeout: 4000 })
+  const cluster = await startBenchCluster({ decodeDelayMs: o.decodeDelayMs })
   try {
-    const [p, d] = await Promise.all([
-      spawnService({ args: ['sim', '--role', 'prefill', '--kv', 'none', '--log-level', 'warn'] }),
-      spawnService({ args: ['sim', '--role', 'decode', '--kv', 'none', '--log-level', 'warn', '--decode-delay-ms', String(o.decodeDelayMs)] }),
-    ])
-    services.push(p, d)
-    const router = await spawnService({
-      args: ['router', '--port', '0', '--log-level', 'warn'],
-      env: {
-        ...process.env,
-        HANDOFF_INSTANCES: JSON.stringify([
-          { id: 'p0', role: 'prefill', url: p.url },
-          { id: 'd0', role: 'decode', url: d.url },
-        ]),
-      },
-    })
-    services.push(router)
+    const { p, d } = cluster
+    const router = await cluster.router()
     const body = { model: 'handoff/sim-1', messages: [{ role: 'user', content: 'tell me a long story' }], max_tokens: o.maxTokens, stream: true }
     const run = async (path: Row['path'], send: (statuses: Map<number, number>) => Promise<void>): Promise<Row> => {
       const statuses = new Map<number, number>()
@@ -108,7 +94,7 @@ export async function runOverload(o: OverloadOptions): Promise<string> {
     }
     return table(o, [direct, routerRow])
   } finally {
-    await Promise.all(services.map((s) => s.stop()))
+    await cluster.stop()
     await agent.close()
   }
 }

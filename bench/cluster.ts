@@ -1,0 +1,36 @@
+import { spawnService, type SpawnedService } from '../common/spawn.js'
+
+/** A 1 P + 1 D simulator pair (`--kv none`: the router is measured, not KV bytes) and routers in front. */
+export interface BenchCluster {
+  p: SpawnedService
+  d: SpawnedService
+  /** Starts a router process over the pair; `entry` runs another build's CLI (a baseline). */
+  router(entry?: string): Promise<SpawnedService>
+  /** Keeps `s` to be stopped with the cluster. */
+  own(s: SpawnedService): SpawnedService
+  stop(): Promise<void>
+}
+
+export async function startBenchCluster(opts: { decodeDelayMs?: number } = {}): Promise<BenchCluster> {
+  const services: SpawnedService[] = []
+  const own = (s: SpawnedService): SpawnedService => {
+    services.push(s)
+    return s
+  }
+  const sim = (role: string, extra: string[] = []) => spawnService({ args: ['sim', '--role', role, '--kv', 'none', '--log-level', 'warn', ...extra] }).then(own)
+  const [p, d] = await Promise.all([sim('prefill'), sim('decode', opts.decodeDelayMs ? ['--decode-delay-ms', String(opts.decodeDelayMs)] : [])])
+  const instances = JSON.stringify([
+    { id: 'p0', role: 'prefill', url: p.url },
+    { id: 'd0', role: 'decode', url: d.url },
+  ])
+  return {
+    p,
+    d,
+    own,
+    router: (entry) =>
+      spawnService({ ...(entry ? { entry } : {}), args: ['router', '--port', '0', '--log-level', 'warn'], env: { ...process.env, HANDOFF_INSTANCES: instances } }).then(own),
+    stop: async () => {
+      await Promise.all(services.map((s) => s.stop()))
+    },
+  }
+}

@@ -36,6 +36,9 @@ export const SimConfig = Type.Object(
         disconnectRate: Type.Number({ minimum: 0, maximum: 1, default: 0 }),
         // GET /health answers 503, like vLLM after EngineDeadError.
         unhealthy: Type.Boolean({ default: false }),
+        // The model samples its EOS token (sim/src/stop.ts EOS_TOKEN_ID) as output token N
+        // (1-based) unless the request sets ignore_eos; absent: never.
+        eosAfterTokens: Type.Optional(Type.Integer({ minimum: 1 })),
       },
       { default: {}, additionalProperties: false },
     ),

@@ -117,7 +117,18 @@ export function buildApp(deps: SimDeps): FastifyInstance {
   app.addHook('preValidation', async (request) => {
     const path = request.url.split('?')[0] ?? request.url
     if (path.startsWith('/sim/') || path === '/health' || path === '/metrics') return
-    ctx.requests.add({ receivedAt: clock.now(), method: request.method, path, headers: { ...request.headers }, body: request.body })
+    const xRequestId = request.headers['x-request-id']
+    ctx.requests.add(
+      {
+        receivedAt: clock.now(),
+        method: request.method,
+        path,
+        xRequestId: typeof xRequestId === 'string' ? xRequestId : null,
+        headers: { ...request.headers },
+        body: request.body,
+      },
+      request.raw,
+    )
   })
 
   app.setErrorHandler((err: FastifyError, request, reply) => {

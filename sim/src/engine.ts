@@ -9,6 +9,7 @@ import { parseRemoteKv, type KvSource, type RemoteKv } from './kv-source.js'
 import type { LeaseTable } from './leases.js'
 import type { SimMetrics } from './metrics.js'
 import type { PromptInput } from './prompt.js'
+import { applyStop, type Finished } from './stop.js'
 
 export type Role = 'prefill' | 'decode' | 'both'
 
@@ -45,8 +46,8 @@ export interface EngineResult {
   internalId: string
   mode: ServeMode
   promptTokens: number
-  /** Every output token, already computed; the route paces them out. */
-  outputTokens: number[]
+  /** Every output token and the text, stop criteria applied; the route paces them out. */
+  output: Finished
   kvTransferParams: Record<string, unknown> | null
 }
 
@@ -79,7 +80,7 @@ export class SimEngine {
   async #serve(req: EngineRequest, internalId: string): Promise<EngineResult> {
     const o = this.#o
     const params = req.kvTransferParams ?? undefined
-    const { tokens, maxTokens } = req.input
+    const { tokens, maxTokens, stop } = req.input
 
     if (params?.do_remote_decode === true) {
       if (o.role !== 'decode') return this.#prefillLeg(req, internalId)
@@ -116,22 +117,29 @@ export class SimEngine {
       await sleep(o.clock, o.prefillDelayMs, req.signal)
       outputTokens = this.#computeLocally(tokens, maxTokens)
     }
-    return { internalId, mode, promptTokens: tokens.length, outputTokens, kvTransferParams: null }
+    return { internalId, mode, promptTokens: tokens.length, output: applyStop(outputTokens, stop), kvTransferParams: null }
   }
 
   /** P leg: prefill into blocks, keep them under a lease (agent mode), answer with the params. */
   async #prefillLeg(req: EngineRequest, internalId: string): Promise<EngineResult> {
     const o = this.#o
-    const { tokens, maxTokens } = req.input
+    const { tokens, maxTokens, stop } = req.input
     const blocks = o.allocator.allocate(o.region.blocksFor(tokens.length))
-    let outputTokens: number[]
+    let output: Finished
     try {
       await sleep(o.clock, o.prefillDelayMs, req.signal)
-      outputTokens = prefillAndGenerate(o.region, blocks, tokens, maxTokens)
+      output = applyStop(prefillAndGenerate(o.region, blocks, tokens, maxTokens), stop)
     } catch (err) {
       // An aborted prefill frees its blocks and returns no params, as vLLM does.
       o.allocator.free(blocks)
       throw err
+    }
+    if (output.finishReason !== 'length') {
+      // vLLM's connector delays the free and returns params only for FINISHED_LENGTH_CAPPED:
+      // a stop string, stop token or EOS frees the blocks now and D must prefill again.
+      o.allocator.free(blocks)
+      req.log.info({ internalId, finishReason: output.finishReason, stopReason: output.stopReason }, 'prefill finished by stop: no kv_transfer_params')
+      return { internalId, mode: 'prefill', promptTokens: tokens.length, output, kvTransferParams: null }
     }
     let expiry: number | null = null
     if (o.kvMode === 'none') {
@@ -158,7 +166,7 @@ export class SimEngine {
       remote_blocks_expiry_time: expiry,
       transfer_mode: 'pull',
     }
-    return { internalId, mode: 'prefill', promptTokens: tokens.length, outputTokens, kvTransferParams }
+    return { internalId, mode: 'prefill', promptTokens: tokens.length, output, kvTransferParams }
   }
 
   /** Prefill into scratch blocks, digest, free: the decoder keeps only the digest while decoding. */

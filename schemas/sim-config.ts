@@ -23,6 +23,11 @@ export const SimConfig = Type.Object(
     // Advertised as remote_host/remote_port (vLLM: VLLM_NIXL_SIDE_CHANNEL_HOST/PORT).
     sideChannelHost: Type.String({ default: '127.0.0.1' }),
     sideChannelPort: Type.Integer({ minimum: 0, maximum: 65535, default: 5600 }),
+    // Which vLLM the simulator imitates. `legacy`: releases before remote_request_id (vLLM PR
+    // #29665, late 2025): no random suffix on request ids, P's params without
+    // remote_request_id and with a flat remote_block_ids, and D takes P's request id to be
+    // its own (the same X-Request-Id on both legs).
+    vllmCompat: Type.Union([Type.Literal('current'), Type.Literal('legacy')], { default: 'current' }),
     faults: Type.Object(
       {
         errorRate: Type.Number({ minimum: 0, maximum: 1, default: 0 }),

@@ -87,6 +87,7 @@ export function buildApp(deps: SimDeps): FastifyInstance {
     role: config.role,
     engineId,
     kvMode: config.kv,
+    vllmCompat: config.vllmCompat,
     prefillDelayMs: config.prefillDelayMs,
     sideChannelHost: config.sideChannelHost,
     sideChannelPort: config.sideChannelPort,

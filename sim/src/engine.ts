@@ -20,6 +20,8 @@ export interface EngineOptions {
   role: Role
   engineId: string
   kvMode: 'none' | 'agent'
+  /** SimConfig.vllmCompat: `legacy` imitates vLLM before remote_request_id. */
+  vllmCompat: 'current' | 'legacy'
   prefillDelayMs: number
   sideChannelHost: string
   sideChannelPort: number
@@ -71,7 +73,10 @@ export class SimEngine {
     const o = this.#o
     const started = o.clock.monotonic()
     o.metrics.promptTokens.inc(o.metrics.labels, req.input.tokens.length)
-    const result = await this.#serve(req, `${req.responseId}-${o.random.hex(4)}`)
+    // vLLM appends 8 random chars to every id (InputProcessor.assign_request_id); older
+    // releases did not, so both legs of one X-Request-Id had the same id.
+    const internalId = o.vllmCompat === 'legacy' ? req.responseId : `${req.responseId}-${o.random.hex(4)}`
+    const result = await this.#serve(req, internalId)
     // Every leg has its first token once #serve returns; failed requests record no TTFT.
     o.metrics.ttft.observe(o.metrics.labels, (o.clock.monotonic() - started) / 1000)
     return result
@@ -99,7 +104,7 @@ export class SimEngine {
         if (typeof remoteNum === 'number' && remoteNum !== tokens.length) {
           throw new SimNumTokensMismatchError(remoteNum, tokens.length)
         }
-        const remote = parseRemoteKv(params)
+        const remote = parseRemoteKv(params, o.vllmCompat === 'legacy' ? { legacyRequestId: internalId } : {})
         if ('missing' in remote) {
           req.log.warn({ internalId, missing: remote.missing, kvTransferParams: params }, 'Got invalid KVTransferParams')
         } else if (o.kvSource) {
@@ -149,6 +154,22 @@ export class SimEngine {
     } else {
       o.leases.pin(internalId, blocks)
       expiry = (o.leases.expiresAtWall(internalId) ?? 0) / 1000
+    }
+    if (o.vllmCompat === 'legacy') {
+      // The shape before NIXL_CONNECTOR_VERSION 2: no remote_request_id (D uses its own id,
+      // equal to ours), a flat block list, none of the later fields.
+      const legacy: Record<string, unknown> = {
+        do_remote_prefill: true,
+        do_remote_decode: false,
+        remote_block_ids: blocks,
+        remote_engine_id: o.engineId,
+        remote_host: o.sideChannelHost,
+        remote_port: o.sideChannelPort,
+        tp_size: 1,
+      }
+      // The agent's lease deadline is handoff's, not vLLM's: agent mode keeps it.
+      if (o.kvMode === 'agent') legacy.remote_blocks_expiry_time = expiry
+      return { internalId, mode: 'prefill', promptTokens: tokens.length, output, kvTransferParams: legacy }
     }
     const kvTransferParams = {
       do_remote_prefill: true,

@@ -290,7 +290,7 @@ t.test('--kv agent: the KvSource seam, leases and a read after expiry', async (t
   const blockBytes = 16 * 32
   const source: KvSource = {
     async pull(remote, region, localBlocks, numTokens) {
-      const ids = (remote.remoteBlockIds[0] as number[]).slice(0, region.blocksFor(numTokens))
+      const ids = remote.blockIds.slice(0, region.blocksFor(numTokens))
       ids.forEach((id, i) => region.bytes.set(pMemory.subarray(id * blockBytes, (id + 1) * blockBytes), (localBlocks[i] as number) * blockBytes))
     },
   }

@@ -27,6 +27,9 @@ export const SimConfig = Type.Object(
     // #29665, late 2025): no random suffix on request ids, P's params without
     // remote_request_id and with a flat remote_block_ids, and D takes P's request id to be
     // its own (the same X-Request-Id on both legs).
+    // vLLM's --api-key: every path under /v1 needs `Authorization: Bearer <key>`; /health,
+    // /metrics and /sim/* stay open.
+    apiKey: Type.Optional(Type.String({ minLength: 1 })),
     vllmCompat: Type.Union([Type.Literal('current'), Type.Literal('legacy')], { default: 'current' }),
     faults: Type.Object(
       {

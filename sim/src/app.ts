@@ -1,3 +1,4 @@
+import { createHash, timingSafeEqual } from 'node:crypto'
 import Fastify, { type FastifyBaseLogger, type FastifyError, type FastifyInstance } from 'fastify'
 import { pino, type Logger } from 'pino'
 import { Registry } from 'prom-client'
@@ -9,7 +10,7 @@ import type { SimConfig } from '../../schemas/sim-config.js'
 import { BlockAllocator } from './block-allocator.js'
 import type { SimContext } from './context.js'
 import { SimEngine } from './engine.js'
-import { SimKvModeUnsupportedError, SimNotFoundError, SimShuttingDownError } from './errors.js'
+import { SimKvModeUnsupportedError, SimNotFoundError, SimShuttingDownError, SimUnauthorizedError } from './errors.js'
 import { FaultState } from './faults.js'
 import { KvRegion } from './kv-region.js'
 import type { KvSource } from './kv-source.js'
@@ -36,6 +37,7 @@ export interface SimDeps {
 
 /** OpenAI error `type` per status, as vLLM names them. */
 function errorType(status: number): string {
+  if (status === 401) return 'AuthenticationError'
   if (status === 404) return 'NotFoundError'
   if (status === 413) return 'RequestEntityTooLargeError'
   if (status < 500) return 'BadRequestError'
@@ -113,6 +115,17 @@ export function buildApp(deps: SimDeps): FastifyInstance {
     requests: new RequestLog(100),
     shutdown: shutdown.signal,
     exit: deps.exit ?? ((code) => process.exit(code)),
+  }
+
+  if (config.apiKey !== undefined) {
+    // vLLM's authentication middleware: only paths under /v1 need the key, OPTIONS never.
+    const expected = createHash('sha256').update(`Bearer ${config.apiKey}`).digest()
+    app.addHook('onRequest', async (request) => {
+      const path = request.url.split('?')[0] ?? request.url
+      if (request.method === 'OPTIONS' || !path.startsWith('/v1')) return
+      const given = createHash('sha256').update(request.headers.authorization ?? '').digest()
+      if (!timingSafeEqual(given, expected)) throw new SimUnauthorizedError()
+    })
   }
 
   app.addHook('preValidation', async (request) => {

@@ -28,6 +28,7 @@ export const SimKvCapacityError = createError<[number, number]>(
   'Not enough free KV blocks: %d needed, %d free',
   503,
 )
+export const SimUnauthorizedError = createError('SIM_ERR_UNAUTHORIZED', 'Unauthorized', 401)
 export const SimNotFoundError = createError<[string, string]>('SIM_ERR_NOT_FOUND', 'Route %s %s not found', 404)
 export const SimInternalError = createError<[string]>('SIM_ERR_INTERNAL', 'Internal error: %s', 500)
 export const SimInjectedError = createError('SIM_ERR_INJECTED', 'Injected fault: internal server error', 500)
@@ -48,6 +49,7 @@ export const SIM_ERROR_CODES: readonly string[] = Object.freeze([
   'SIM_ERR_UNSUPPORTED_PROMPT',
   'SIM_ERR_BAD_REQUEST',
   'SIM_ERR_KV_CAPACITY',
+  'SIM_ERR_UNAUTHORIZED',
   'SIM_ERR_NOT_FOUND',
   'SIM_ERR_INTERNAL',
   'SIM_ERR_INJECTED',

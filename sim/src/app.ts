@@ -113,6 +113,7 @@ export function buildApp(deps: SimDeps): FastifyInstance {
     faults: new FaultState(config.faults),
     metrics,
     requests: new RequestLog(100),
+    inFlightIds: new Set(),
     shutdown: shutdown.signal,
     exit: deps.exit ?? ((code) => process.exit(code)),
   }

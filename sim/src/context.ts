@@ -21,6 +21,8 @@ export interface SimContext {
   readonly faults: FaultState
   readonly metrics: SimMetrics
   readonly requests: RequestLog
+  /** X-Request-Id values of the completions in flight (older vLLM refused a reused id). */
+  readonly inFlightIds: Set<string>
   /** Aborted when the app closes: stalls and delays end instead of holding shutdown. */
   readonly shutdown: AbortSignal
   /** process.exit in production; a recorder in tests (crashAfter). */

@@ -22,6 +22,11 @@ export const SimNumTokensMismatchError = createError<[number, number]>(
   400,
 )
 export const SimUnsupportedPromptError = createError<[string]>('SIM_ERR_UNSUPPORTED_PROMPT', 'The simulator does not support %s', 400)
+export const SimDuplicateRequestIdError = createError<[string]>(
+  'SIM_ERR_DUPLICATE_REQUEST_ID',
+  'Request id %s is already running on this engine (X-Request-Id reused while in flight)',
+  400,
+)
 export const SimBadRequestError = createError<[string]>('SIM_ERR_BAD_REQUEST', '%s', 400)
 export const SimKvCapacityError = createError<[number, number]>(
   'SIM_ERR_KV_CAPACITY',
@@ -47,6 +52,7 @@ export const SIM_ERROR_CODES: readonly string[] = Object.freeze([
   'SIM_ERR_MAX_TOKENS_TOO_LARGE',
   'SIM_ERR_NUM_TOKENS_MISMATCH',
   'SIM_ERR_UNSUPPORTED_PROMPT',
+  'SIM_ERR_DUPLICATE_REQUEST_ID',
   'SIM_ERR_BAD_REQUEST',
   'SIM_ERR_KV_CAPACITY',
   'SIM_ERR_UNAUTHORIZED',

@@ -24,7 +24,7 @@ t.test('--api-key guards every /v1 path like vLLM; /health, /metrics and /sim st
     ['POST', '/v1/chat/completions', { model: MODEL, messages: [{ role: 'user', content: 'x' }] }],
     ['GET', '/v1/nothing-here', undefined],
   ] as const) {
-    for (const headers of [{}, { authorization: 'Bearer wrong' }, { authorization: 'sekret' }]) {
+    for (const headers of [{}, { authorization: 'Bearer wrong' }, { authorization: 'sekret' }] as Record<string, string>[]) {
       const r = await call(method, path, headers, body)
       t.equal(r.status, 401, `${method} ${path} ${JSON.stringify(headers)}`)
       t.same(JSON.parse(r.text), { error: { message: 'Unauthorized', type: 'AuthenticationError', param: null, code: 'SIM_ERR_UNAUTHORIZED' } })

@@ -4,7 +4,7 @@ import type { ChatCompletionRequest, CompletionRequest, Usage } from '../../../s
 import type { SimContext } from '../context.js'
 import { sleep } from '../delays.js'
 import type { EngineResult } from '../engine.js'
-import { SimInjectedError, SimModelNotFoundError } from '../errors.js'
+import { SimDuplicateRequestIdError, SimInjectedError, SimModelNotFoundError } from '../errors.js'
 import { preparePrompt, specFromChat, specFromCompletion, type PromptSpec } from '../prompt.js'
 
 type Kind = 'completion' | 'chat'
@@ -56,11 +56,21 @@ async function serve(ctx: SimContext, kind: Kind, request: FastifyRequest<{ Body
   const input = preparePrompt(spec, { ...config, eosAfterTokens: ctx.faults.current.eosAfterTokens })
   const responseId = `${kind === 'chat' ? 'chatcmpl' : 'cmpl'}-${request.id}`
 
+  // vLLM builds its request id from X-Request-Id; without the random suffix (older
+  // releases, VLLM_DISABLE_REQUEST_ID_RANDOMIZATION) a reused id collides with the request
+  // still running. The simulator always refuses it, so a router that reuses ids is caught.
+  const header = request.headers['x-request-id']
+  const xRequestId = typeof header === 'string' ? header : undefined
+  if (xRequestId !== undefined) {
+    if (ctx.inFlightIds.has(xRequestId)) throw new SimDuplicateRequestIdError(xRequestId)
+    ctx.inFlightIds.add(xRequestId)
+  }
   metrics.running.inc(metrics.labels)
   let finished = false
   const done = (ok: boolean, result?: EngineResult): void => {
     if (finished) return
     finished = true
+    if (xRequestId !== undefined) ctx.inFlightIds.delete(xRequestId)
     metrics.running.dec(metrics.labels)
     if (ok && result) {
       metrics.success.inc({ ...metrics.labels, finished_reason: result.output.finishReason })

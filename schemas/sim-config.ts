@@ -51,6 +51,9 @@ export const SimConfig = Type.Object(
       { default: {}, additionalProperties: false },
     ),
     seed: Type.Optional(Type.Integer()),
+    // Idle keep-alive connections are closed after this long: uvicorn's default
+    // (timeout_keep_alive, 5 s), which vLLM does not change.
+    keepAliveMs: Type.Integer({ minimum: 1, default: 5000 }),
     // Request bodies above this many bytes get 413 (200 KiB prompts must fit with room to spare).
     bodyLimit: Type.Integer({ minimum: 1024, default: 16 * 1024 * 1024 }),
     logLevel: Type.String({ default: 'info' }),

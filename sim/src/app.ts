@@ -57,6 +57,7 @@ export function buildApp(deps: SimDeps): FastifyInstance {
   const app = Fastify({
     loggerInstance: logger as FastifyBaseLogger,
     bodyLimit: config.bodyLimit,
+    keepAliveTimeout: config.keepAliveMs,
     requestIdHeader: 'x-request-id',
     // vLLM's fallback id: a random uuid4 in hex.
     genReqId: () => random.hex(16),

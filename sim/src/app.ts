@@ -10,7 +10,7 @@ import type { SimConfig } from '../../schemas/sim-config.js'
 import { BlockAllocator } from './block-allocator.js'
 import type { SimContext } from './context.js'
 import { SimEngine } from './engine.js'
-import { SimKvModeUnsupportedError, SimNotFoundError, SimShuttingDownError, SimUnauthorizedError } from './errors.js'
+import { SIM_ERR_KV_MODE_UNSUPPORTED, SIM_ERR_NOT_FOUND, SIM_ERR_SHUTTING_DOWN, SIM_ERR_UNAUTHORIZED } from './errors.js'
 import { FaultState } from './faults.js'
 import { KvRegion } from './kv-region.js'
 import type { KvSource } from './kv-source.js'
@@ -48,7 +48,7 @@ function errorType(status: number): string {
 /** The simulator as a fastify instance, not yet listening. */
 export function buildApp(deps: SimDeps): FastifyInstance {
   const { config } = deps
-  if (config.kv === 'agent' && !deps.kvSource) throw new SimKvModeUnsupportedError(config.kv)
+  if (config.kv === 'agent' && !deps.kvSource) throw new SIM_ERR_KV_MODE_UNSUPPORTED(config.kv)
   const clock = deps.clock ?? systemClock
   const random = deps.random ?? systemRandom
   const logger = deps.logger ?? pino(loggerOptions({ name: 'sim', level: config.logLevel }))
@@ -126,7 +126,7 @@ export function buildApp(deps: SimDeps): FastifyInstance {
       const path = request.url.split('?')[0] ?? request.url
       if (request.method === 'OPTIONS' || !path.startsWith('/v1')) return
       const given = createHash('sha256').update(request.headers.authorization ?? '').digest()
-      if (!timingSafeEqual(given, expected)) throw new SimUnauthorizedError()
+      if (!timingSafeEqual(given, expected)) throw new SIM_ERR_UNAUTHORIZED()
     })
   }
 
@@ -160,7 +160,7 @@ export function buildApp(deps: SimDeps): FastifyInstance {
     return reply.code(status).send({ error: { message: err.message, type: errorType(status), param: null, code } })
   })
   app.setNotFoundHandler((request, reply) => {
-    const err = new SimNotFoundError(request.method, request.url)
+    const err = new SIM_ERR_NOT_FOUND(request.method, request.url)
     return reply.code(404).send({ error: { message: err.message, type: 'NotFoundError', param: null, code: err.code } })
   })
 
@@ -172,7 +172,7 @@ export function buildApp(deps: SimDeps): FastifyInstance {
   // preClose, not onClose: the server waits for open connections before onClose runs, so a
   // stalled request would otherwise hold shutdown for its whole stall.
   app.addHook('preClose', async () => {
-    shutdown.abort(new SimShuttingDownError())
+    shutdown.abort(new SIM_ERR_SHUTTING_DOWN())
   })
   app.addHook('onClose', async () => {
     leases.stop()

@@ -2,7 +2,7 @@ import type { Clock } from '../../common/clock.js'
 import type { Random } from '../../common/random.js'
 import type { BlockAllocator } from './block-allocator.js'
 import { sleep } from './delays.js'
-import { SimNumTokensMismatchError } from './errors.js'
+import { SIM_ERR_NUM_TOKENS_MISMATCH } from './errors.js'
 import { prefillAndGenerate, tokensFromKv } from './generator.js'
 import type { KvRegion } from './kv-region.js'
 import { parseRemoteKv, type KvSource, type RemoteKv } from './kv-source.js'
@@ -102,7 +102,7 @@ export class SimEngine {
         // go unnoticed in `--kv none` mode, where D never reads P's bytes.
         const remoteNum = params.remote_num_tokens
         if (typeof remoteNum === 'number' && remoteNum !== tokens.length) {
-          throw new SimNumTokensMismatchError(remoteNum, tokens.length)
+          throw new SIM_ERR_NUM_TOKENS_MISMATCH(remoteNum, tokens.length)
         }
         const remote = parseRemoteKv(params, o.vllmCompat === 'legacy' ? { legacyRequestId: internalId } : {})
         if ('missing' in remote) {

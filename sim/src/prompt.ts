@@ -1,6 +1,6 @@
 import type { ChatCompletionRequest, ChatMessage, CompletionRequest } from '../../schemas/openai.js'
 import { renderChat } from './chat-template.js'
-import { SimBadRequestError, SimMaxTokensTooLargeError, SimPromptTooLongError, SimUnsupportedPromptError } from './errors.js'
+import { SIM_ERR_BAD_REQUEST, SIM_ERR_MAX_TOKENS_TOO_LARGE, SIM_ERR_PROMPT_TOO_LONG, SIM_ERR_UNSUPPORTED_PROMPT } from './errors.js'
 import type { StopCriteria } from './stop.js'
 import { tokenize } from './tokenizer.js'
 
@@ -45,14 +45,14 @@ export function specFromCompletion(body: CompletionRequest): PromptSpec {
  */
 export function stopFieldsFrom(body: Record<string, unknown>): StopFields {
   const { stop, stop_token_ids: ids, ignore_eos: ignoreEos, min_tokens: minTokens, n } = body
-  if (n !== undefined && n !== null && n !== 1) throw new SimUnsupportedPromptError(`n=${JSON.stringify(n)} (only n=1)`)
+  if (n !== undefined && n !== null && n !== 1) throw new SIM_ERR_UNSUPPORTED_PROMPT(`n=${JSON.stringify(n)} (only n=1)`)
   if (stop !== undefined && stop !== null && typeof stop !== 'string' && !(Array.isArray(stop) && stop.every((s) => typeof s === 'string'))) {
-    throw new SimBadRequestError('stop must be a string or a list of strings')
+    throw new SIM_ERR_BAD_REQUEST('stop must be a string or a list of strings')
   }
   if (ids !== undefined && ids !== null && !(Array.isArray(ids) && ids.every((i) => Number.isInteger(i) && (i as number) >= 0))) {
-    throw new SimBadRequestError('stop_token_ids must be a list of token ids')
+    throw new SIM_ERR_BAD_REQUEST('stop_token_ids must be a list of token ids')
   }
-  if (ignoreEos !== undefined && ignoreEos !== null && typeof ignoreEos !== 'boolean') throw new SimBadRequestError('ignore_eos must be a boolean')
+  if (ignoreEos !== undefined && ignoreEos !== null && typeof ignoreEos !== 'boolean') throw new SIM_ERR_BAD_REQUEST('ignore_eos must be a boolean')
   return {
     stop: stop as StopFields['stop'],
     stopTokenIds: ids as StopFields['stopTokenIds'],
@@ -78,7 +78,7 @@ export function promptTokens(spec: PromptSpec): Uint32Array {
   if (spec.kind === 'chat') return tokenize(renderChat(spec.messages))
   const p = spec.prompt
   if (typeof p === 'string') return tokenize(p)
-  if (p.length !== 1 && typeof p[0] !== 'number') throw new SimUnsupportedPromptError('a batch of several prompts in one request')
+  if (p.length !== 1 && typeof p[0] !== 'number') throw new SIM_ERR_UNSUPPORTED_PROMPT('a batch of several prompts in one request')
   const first = p[0]
   if (typeof first === 'string') return tokenize(first)
   if (typeof first === 'number') return Uint32Array.from(p as number[])
@@ -99,7 +99,7 @@ export function resolveMaxTokens(spec: PromptSpec, defaultMaxTokens: number): nu
 export function preparePrompt(spec: PromptSpec, limits: PromptLimits): PromptInput {
   const tokens = promptTokens(spec)
   const maxTokens = resolveMaxTokens(spec, limits.defaultMaxTokens)
-  if (tokens.length > limits.maxModelLen) throw new SimPromptTooLongError(limits.maxModelLen, tokens.length)
-  if (tokens.length + maxTokens > limits.maxModelLen) throw new SimMaxTokensTooLargeError(limits.maxModelLen, maxTokens, tokens.length)
+  if (tokens.length > limits.maxModelLen) throw new SIM_ERR_PROMPT_TOO_LONG(limits.maxModelLen, tokens.length)
+  if (tokens.length + maxTokens > limits.maxModelLen) throw new SIM_ERR_MAX_TOKENS_TOO_LARGE(limits.maxModelLen, maxTokens, tokens.length)
   return { tokens, maxTokens, stop: stopCriteria(spec, limits.eosAfterTokens) }
 }

@@ -4,7 +4,7 @@ import type { ChatCompletionRequest, CompletionRequest, Usage } from '../../../s
 import type { SimContext } from '../context.js'
 import { sleep } from '../delays.js'
 import type { EngineResult } from '../engine.js'
-import { SimDuplicateRequestIdError, SimInjectedError, SimModelNotFoundError } from '../errors.js'
+import { SIM_ERR_DUPLICATE_REQUEST_ID, SIM_ERR_INJECTED, SIM_ERR_MODEL_NOT_FOUND } from '../errors.js'
 import { preparePrompt, specFromChat, specFromCompletion, type PromptSpec } from '../prompt.js'
 
 type Kind = 'completion' | 'chat'
@@ -38,7 +38,7 @@ async function serve(ctx: SimContext, kind: Kind, request: FastifyRequest<{ Body
     reply.raw.destroy()
     return reply
   }
-  if (fault === 'error') throw new SimInjectedError()
+  if (fault === 'error') throw new SIM_ERR_INJECTED()
   if (fault === 'garbage') return reply.code(200).type('application/json').send('<html>not json: injected garbage</html>')
 
   // One signal for "stop working on this": the client left, or the app is closing.
@@ -52,7 +52,7 @@ async function serve(ctx: SimContext, kind: Kind, request: FastifyRequest<{ Body
     await sleep(ctx.clock, ctx.faults.current.stallMs, signal)
   }
 
-  if (body.model !== config.model) throw new SimModelNotFoundError(body.model)
+  if (body.model !== config.model) throw new SIM_ERR_MODEL_NOT_FOUND(body.model)
   const input = preparePrompt(spec, { ...config, eosAfterTokens: ctx.faults.current.eosAfterTokens })
   const responseId = `${kind === 'chat' ? 'chatcmpl' : 'cmpl'}-${request.id}`
 
@@ -62,7 +62,7 @@ async function serve(ctx: SimContext, kind: Kind, request: FastifyRequest<{ Body
   const header = request.headers['x-request-id']
   const xRequestId = typeof header === 'string' ? header : undefined
   if (xRequestId !== undefined) {
-    if (ctx.inFlightIds.has(xRequestId)) throw new SimDuplicateRequestIdError(xRequestId)
+    if (ctx.inFlightIds.has(xRequestId)) throw new SIM_ERR_DUPLICATE_REQUEST_ID(xRequestId)
     ctx.inFlightIds.add(xRequestId)
   }
   metrics.running.inc(metrics.labels)

@@ -14,7 +14,7 @@ import { SIM_ERR_KV_MODE_UNSUPPORTED, SIM_ERR_NOT_FOUND, SIM_ERR_SHUTTING_DOWN, 
 import { FaultState } from './faults.js'
 import { KvRegion } from './kv-region.js'
 import type { KvSource } from './kv-source.js'
-import { LeaseTable } from './leases.js'
+import { LeaseTable } from '../../common/lease-table.js'
 import { createSimMetrics } from './metrics.js'
 import { RequestLog } from './request-log.js'
 import { completionRoutes } from './routes/completions.js'
@@ -74,14 +74,14 @@ export function buildApp(deps: SimDeps): FastifyInstance {
     : KvRegion.allocate({ blockSize: config.blockSize, bytesPerToken: config.bytesPerToken, numBlocks: config.numBlocks })
   const allocator = new BlockAllocator(config.numBlocks)
   const metrics = createSimMetrics({ registry, model: config.model, kvUsage: () => allocator.usedCount / allocator.numBlocks })
-  const leases = new LeaseTable({
+  const leases = new LeaseTable<readonly number[]>({
     clock,
     leaseMs: config.leaseSeconds * 1000,
     onEnd: (lease, reason) => {
-      allocator.free(lease.blockIds)
+      allocator.free(lease.value)
       if (reason === 'expired') {
         metrics.kvExpired.inc(metrics.labels)
-        app.log.warn({ remoteRequestId: lease.requestId, reads: lease.reads }, 'Releasing expired KV blocks')
+        app.log.warn({ remoteRequestId: lease.id, reads: lease.reads }, 'Releasing expired KV blocks')
       }
     },
   })

@@ -1,12 +1,12 @@
 import type { Clock } from '../../common/clock.js'
 import type { Random } from '../../common/random.js'
 import type { BlockAllocator } from './block-allocator.js'
-import { sleep } from './delays.js'
+import { sleep } from '../../common/timers.js'
 import { SIM_ERR_NUM_TOKENS_MISMATCH } from './errors.js'
 import { prefillAndGenerate, tokensFromKv } from './generator.js'
 import type { KvRegion } from './kv-region.js'
 import { parseRemoteKv, type KvSource, type RemoteKv } from './kv-source.js'
-import type { LeaseTable } from './leases.js'
+import type { LeaseTable } from '../../common/lease-table.js'
 import type { SimMetrics } from './metrics.js'
 import type { PromptInput } from './prompt.js'
 import { applyStop, type Finished } from './stop.js'
@@ -29,7 +29,7 @@ export interface EngineOptions {
   random: Random
   region: KvRegion
   allocator: BlockAllocator
-  leases: LeaseTable
+  leases: LeaseTable<readonly number[]>
   metrics: SimMetrics
   /** Present in `--kv agent` mode only. */
   kvSource?: KvSource

@@ -18,6 +18,7 @@ export function loggerOptions(opts: { level?: string; name: string }): LoggerOpt
         '*.adminToken',
         '*.agentToken',
         '*.apiKeys',
+        '*.apiKey',
       ],
       censor: '[redacted]',
     },

@@ -23,6 +23,14 @@ export const SimConfig = Type.Object(
     // Advertised as remote_host/remote_port (vLLM: VLLM_NIXL_SIDE_CHANNEL_HOST/PORT).
     sideChannelHost: Type.String({ default: '127.0.0.1' }),
     sideChannelPort: Type.Integer({ minimum: 0, maximum: 65535, default: 5600 }),
+    // Which vLLM the simulator imitates. `legacy`: releases before remote_request_id (vLLM PR
+    // #29665, late 2025): no random suffix on request ids, P's params without
+    // remote_request_id and with a flat remote_block_ids, and D takes P's request id to be
+    // its own (the same X-Request-Id on both legs).
+    // vLLM's --api-key: every path under /v1 needs `Authorization: Bearer <key>`; /health,
+    // /metrics and /sim/* stay open.
+    apiKey: Type.Optional(Type.String({ minLength: 1 })),
+    vllmCompat: Type.Union([Type.Literal('current'), Type.Literal('legacy')], { default: 'current' }),
     faults: Type.Object(
       {
         errorRate: Type.Number({ minimum: 0, maximum: 1, default: 0 }),
@@ -36,10 +44,16 @@ export const SimConfig = Type.Object(
         disconnectRate: Type.Number({ minimum: 0, maximum: 1, default: 0 }),
         // GET /health answers 503, like vLLM after EngineDeadError.
         unhealthy: Type.Boolean({ default: false }),
+        // The model samples its EOS token (sim/src/stop.ts EOS_TOKEN_ID) as output token N
+        // (1-based) unless the request sets ignore_eos; absent: never.
+        eosAfterTokens: Type.Optional(Type.Integer({ minimum: 1 })),
       },
       { default: {}, additionalProperties: false },
     ),
     seed: Type.Optional(Type.Integer()),
+    // Idle keep-alive connections are closed after this long: uvicorn's default
+    // (timeout_keep_alive, 5 s), which vLLM does not change.
+    keepAliveMs: Type.Integer({ minimum: 1, default: 5000 }),
     // Request bodies above this many bytes get 413 (200 KiB prompts must fit with room to spare).
     bodyLimit: Type.Integer({ minimum: 1024, default: 16 * 1024 * 1024 }),
     logLevel: Type.String({ default: 'info' }),

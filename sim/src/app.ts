@@ -1,3 +1,4 @@
+import { createHash, timingSafeEqual } from 'node:crypto'
 import Fastify, { type FastifyBaseLogger, type FastifyError, type FastifyInstance } from 'fastify'
 import { pino, type Logger } from 'pino'
 import { Registry } from 'prom-client'
@@ -9,11 +10,11 @@ import type { SimConfig } from '../../schemas/sim-config.js'
 import { BlockAllocator } from './block-allocator.js'
 import type { SimContext } from './context.js'
 import { SimEngine } from './engine.js'
-import { SimKvModeUnsupportedError, SimNotFoundError, SimShuttingDownError } from './errors.js'
+import { SIM_ERR_KV_MODE_UNSUPPORTED, SIM_ERR_NOT_FOUND, SIM_ERR_SHUTTING_DOWN, SIM_ERR_UNAUTHORIZED } from './errors.js'
 import { FaultState } from './faults.js'
 import { KvRegion } from './kv-region.js'
 import type { KvSource } from './kv-source.js'
-import { LeaseTable } from './leases.js'
+import { LeaseTable } from '../../common/lease-table.js'
 import { createSimMetrics } from './metrics.js'
 import { RequestLog } from './request-log.js'
 import { completionRoutes } from './routes/completions.js'
@@ -36,6 +37,7 @@ export interface SimDeps {
 
 /** OpenAI error `type` per status, as vLLM names them. */
 function errorType(status: number): string {
+  if (status === 401) return 'AuthenticationError'
   if (status === 404) return 'NotFoundError'
   if (status === 413) return 'RequestEntityTooLargeError'
   if (status < 500) return 'BadRequestError'
@@ -46,7 +48,7 @@ function errorType(status: number): string {
 /** The simulator as a fastify instance, not yet listening. */
 export function buildApp(deps: SimDeps): FastifyInstance {
   const { config } = deps
-  if (config.kv === 'agent' && !deps.kvSource) throw new SimKvModeUnsupportedError(config.kv)
+  if (config.kv === 'agent' && !deps.kvSource) throw new SIM_ERR_KV_MODE_UNSUPPORTED(config.kv)
   const clock = deps.clock ?? systemClock
   const random = deps.random ?? systemRandom
   const logger = deps.logger ?? pino(loggerOptions({ name: 'sim', level: config.logLevel }))
@@ -55,6 +57,7 @@ export function buildApp(deps: SimDeps): FastifyInstance {
   const app = Fastify({
     loggerInstance: logger as FastifyBaseLogger,
     bodyLimit: config.bodyLimit,
+    keepAliveTimeout: config.keepAliveMs,
     requestIdHeader: 'x-request-id',
     // vLLM's fallback id: a random uuid4 in hex.
     genReqId: () => random.hex(16),
@@ -71,14 +74,14 @@ export function buildApp(deps: SimDeps): FastifyInstance {
     : KvRegion.allocate({ blockSize: config.blockSize, bytesPerToken: config.bytesPerToken, numBlocks: config.numBlocks })
   const allocator = new BlockAllocator(config.numBlocks)
   const metrics = createSimMetrics({ registry, model: config.model, kvUsage: () => allocator.usedCount / allocator.numBlocks })
-  const leases = new LeaseTable({
+  const leases = new LeaseTable<readonly number[]>({
     clock,
     leaseMs: config.leaseSeconds * 1000,
     onEnd: (lease, reason) => {
-      allocator.free(lease.blockIds)
+      allocator.free(lease.value)
       if (reason === 'expired') {
         metrics.kvExpired.inc(metrics.labels)
-        app.log.warn({ remoteRequestId: lease.requestId, reads: lease.reads }, 'Releasing expired KV blocks')
+        app.log.warn({ remoteRequestId: lease.id, reads: lease.reads }, 'Releasing expired KV blocks')
       }
     },
   })
@@ -87,6 +90,7 @@ export function buildApp(deps: SimDeps): FastifyInstance {
     role: config.role,
     engineId,
     kvMode: config.kv,
+    vllmCompat: config.vllmCompat,
     prefillDelayMs: config.prefillDelayMs,
     sideChannelHost: config.sideChannelHost,
     sideChannelPort: config.sideChannelPort,
@@ -110,14 +114,37 @@ export function buildApp(deps: SimDeps): FastifyInstance {
     faults: new FaultState(config.faults),
     metrics,
     requests: new RequestLog(100),
+    inFlightIds: new Set(),
     shutdown: shutdown.signal,
     exit: deps.exit ?? ((code) => process.exit(code)),
+  }
+
+  if (config.apiKey !== undefined) {
+    // vLLM's authentication middleware: only paths under /v1 need the key, OPTIONS never.
+    const expected = createHash('sha256').update(`Bearer ${config.apiKey}`).digest()
+    app.addHook('onRequest', async (request) => {
+      const path = request.url.split('?')[0] ?? request.url
+      if (request.method === 'OPTIONS' || !path.startsWith('/v1')) return
+      const given = createHash('sha256').update(request.headers.authorization ?? '').digest()
+      if (!timingSafeEqual(given, expected)) throw new SIM_ERR_UNAUTHORIZED()
+    })
   }
 
   app.addHook('preValidation', async (request) => {
     const path = request.url.split('?')[0] ?? request.url
     if (path.startsWith('/sim/') || path === '/health' || path === '/metrics') return
-    ctx.requests.add({ receivedAt: clock.now(), method: request.method, path, headers: { ...request.headers }, body: request.body })
+    const xRequestId = request.headers['x-request-id']
+    ctx.requests.add(
+      {
+        receivedAt: clock.now(),
+        method: request.method,
+        path,
+        xRequestId: typeof xRequestId === 'string' ? xRequestId : null,
+        headers: { ...request.headers },
+        body: request.body,
+      },
+      request.raw,
+    )
   })
 
   app.setErrorHandler((err: FastifyError, request, reply) => {
@@ -133,7 +160,7 @@ export function buildApp(deps: SimDeps): FastifyInstance {
     return reply.code(status).send({ error: { message: err.message, type: errorType(status), param: null, code } })
   })
   app.setNotFoundHandler((request, reply) => {
-    const err = new SimNotFoundError(request.method, request.url)
+    const err = new SIM_ERR_NOT_FOUND(request.method, request.url)
     return reply.code(404).send({ error: { message: err.message, type: 'NotFoundError', param: null, code: err.code } })
   })
 
@@ -145,7 +172,7 @@ export function buildApp(deps: SimDeps): FastifyInstance {
   // preClose, not onClose: the server waits for open connections before onClose runs, so a
   // stalled request would otherwise hold shutdown for its whole stall.
   app.addHook('preClose', async () => {
-    shutdown.abort(new SimShuttingDownError())
+    shutdown.abort(new SIM_ERR_SHUTTING_DOWN())
   })
   app.addHook('onClose', async () => {
     leases.stop()

@@ -1,4 +1,4 @@
-import { SimKvCapacityError } from './errors.js'
+import { SIM_ERR_KV_CAPACITY } from './errors.js'
 
 /**
  * Hands out KV block ids. Freed blocks go on top of a stack and are the next ones handed
@@ -30,7 +30,7 @@ export class BlockAllocator {
   /** Allocates `n` blocks, all or nothing. */
   allocate(n: number): number[] {
     // A 503, like an engine out of KV blocks.
-    if (n > this.#free.length) throw new SimKvCapacityError(n, this.#free.length)
+    if (n > this.#free.length) throw new SIM_ERR_KV_CAPACITY(n, this.#free.length)
     const out: number[] = []
     for (let i = 0; i < n; i++) {
       const id = this.#free.pop() as number

@@ -1,7 +1,7 @@
 import { parseArgs } from 'node:util'
 import { createAjv, describeErrors } from '../../schemas/ajv.js'
 import { SimConfig } from '../../schemas/sim-config.js'
-import { SimInvalidConfigError } from './errors.js'
+import { SIM_ERR_INVALID_CONFIG } from './errors.js'
 
 /*
  * `handoff sim` flags → a validated, frozen SimConfig. Flags are the kebab-case of the
@@ -83,7 +83,7 @@ export function parseSimArgs(argv: readonly string[]): Readonly<SimConfig> | 'he
   try {
     values = parseArgs({ args: [...argv], options, strict: true, allowPositionals: false }).values as Record<string, string | boolean | undefined>
   } catch (err) {
-    throw new SimInvalidConfigError((err as Error).message)
+    throw new SIM_ERR_INVALID_CONFIG((err as Error).message)
   }
   if (values.help) return 'help'
   const raw: Record<string, unknown> = {}
@@ -107,7 +107,7 @@ export function parseSimArgs(argv: readonly string[]): Readonly<SimConfig> | 'he
     const message = e.message.replace(/\/(?:faults\/)?([A-Za-z]+)/g, (m, key: string) =>
       FLAGS.some((f) => f.key === key) ? `--${kebab(key)}` : m,
     )
-    throw new SimInvalidConfigError(message.replace(/^Invalid simulator configuration: /, ''))
+    throw new SIM_ERR_INVALID_CONFIG(message.replace(/^Invalid simulator configuration: /, ''))
   }
 }
 
@@ -115,8 +115,8 @@ export function parseSimArgs(argv: readonly string[]): Readonly<SimConfig> | 'he
 export function validateSimConfig(raw: Record<string, unknown>): Readonly<SimConfig> {
   const ajv = createAjv()
   const validate = ajv.getSchema<SimConfig>('SimConfig')
-  if (!validate) throw new SimInvalidConfigError('SimConfig schema not registered')
+  if (!validate) throw new SIM_ERR_INVALID_CONFIG('SimConfig schema not registered')
   const copy = structuredClone(raw)
-  if (!validate(copy)) throw new SimInvalidConfigError(describeErrors(validate.errors))
+  if (!validate(copy)) throw new SIM_ERR_INVALID_CONFIG(describeErrors(validate.errors))
   return deepFreeze(copy as SimConfig)
 }

@@ -5,7 +5,7 @@ import type { BlockAllocator } from './block-allocator.js'
 import type { SimEngine } from './engine.js'
 import type { FaultState } from './faults.js'
 import type { KvRegion } from './kv-region.js'
-import type { LeaseTable } from './leases.js'
+import type { LeaseTable } from '../../common/lease-table.js'
 import type { SimMetrics } from './metrics.js'
 import type { RequestLog } from './request-log.js'
 
@@ -17,10 +17,12 @@ export interface SimContext {
   readonly engine: SimEngine
   readonly region: KvRegion
   readonly allocator: BlockAllocator
-  readonly leases: LeaseTable
+  readonly leases: LeaseTable<readonly number[]>
   readonly faults: FaultState
   readonly metrics: SimMetrics
   readonly requests: RequestLog
+  /** X-Request-Id values of the completions in flight (older vLLM refused a reused id). */
+  readonly inFlightIds: Set<string>
   /** Aborted when the app closes: stalls and delays end instead of holding shutdown. */
   readonly shutdown: AbortSignal
   /** process.exit in production; a recorder in tests (crashAfter). */

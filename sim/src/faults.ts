@@ -2,8 +2,8 @@ import type { Random } from '../../common/random.js'
 import type { SimConfig } from '../../schemas/sim-config.js'
 
 export type Faults = SimConfig['faults']
-/** A partial update as POST /sim/faults takes it; crashAfter null clears it. */
-export type FaultsPatch = Partial<Omit<Faults, 'crashAfter'>> & { crashAfter?: number | null }
+/** A partial update as POST /sim/faults takes it; crashAfter or eosAfterTokens null clears it. */
+export type FaultsPatch = Partial<Omit<Faults, 'crashAfter' | 'eosAfterTokens'>> & { crashAfter?: number | null; eosAfterTokens?: number | null }
 
 /** What to do to one request, decided once when it is accepted. */
 export type FaultAction = 'crash' | 'error' | 'garbage' | 'stall' | 'disconnect' | 'none'
@@ -31,8 +31,10 @@ export class FaultState {
   }
 
   update(patch: FaultsPatch): Readonly<Faults> {
-    const { crashAfter, ...rest } = patch
+    const { crashAfter, eosAfterTokens, ...rest } = patch
     const next: Faults = { ...this.#faults, ...rest }
+    if (eosAfterTokens === null) delete next.eosAfterTokens
+    else if (eosAfterTokens !== undefined) next.eosAfterTokens = eosAfterTokens
     if (crashAfter === null) delete next.crashAfter
     else if (crashAfter !== undefined) {
       next.crashAfter = crashAfter

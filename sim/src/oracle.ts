@@ -1,8 +1,9 @@
 import type { ChatMessage } from '../../schemas/openai.js'
 import { SimConfig } from '../../schemas/sim-config.js'
-import { detokenize, prefillAndGenerate } from './generator.js'
+import { prefillAndGenerate } from './generator.js'
 import { KvRegion } from './kv-region.js'
-import { promptTokens, resolveMaxTokens, type PromptSpec } from './prompt.js'
+import { promptTokens, resolveMaxTokens, stopCriteria, stopFieldsFrom, type PromptSpec, type StopFields } from './prompt.js'
+import { applyStop, type Finished } from './stop.js'
 
 /** The simulator's own defaults, read from its schema so the oracle can never drift from them. */
 export const ORACLE_DEFAULTS = Object.freeze({
@@ -10,15 +11,18 @@ export const ORACLE_DEFAULTS = Object.freeze({
   defaultMaxTokens: (SimConfig.properties.defaultMaxTokens as unknown as { default: number }).default,
 })
 
+/** A prompt, its output length and vLLM's stop parameters (`stop`, `stop_token_ids`, ...). */
 export type OracleInput =
-  | { kind: 'chat'; messages: readonly ChatMessage[]; maxTokens?: number | null; maxCompletionTokens?: number | null }
-  | { kind: 'completion'; prompt: string | number[]; maxTokens?: number | null }
+  | ({ kind: 'chat'; messages: readonly ChatMessage[]; maxTokens?: number | null; maxCompletionTokens?: number | null } & StopFields)
+  | ({ kind: 'completion'; prompt: string | number[]; maxTokens?: number | null } & StopFields)
 
 export interface OracleOptions {
   /** Must equal the simulators' --bytes-per-token (the KV bytes, hence the text, depend on it). */
   bytesPerToken?: number
   /** Used when the input sets no max tokens; the simulators' --default-max-tokens. */
   defaultMaxTokens?: number
+  /** The simulators' --eos-after-tokens (the EOS fault), if set. */
+  eosAfterTokens?: number | null
 }
 
 /** Output token ids of a prompt, computed the way a correct engine computes them. */
@@ -34,10 +38,18 @@ export function oracleTokensFor(tokens: Uint32Array, maxTokens: number, bytesPer
  * completion or the assistant `content` of a chat completion, streamed chunks concatenated.
  */
 export function oracleText(input: OracleInput, opts: OracleOptions = {}): string {
+  return oracleOutput(input, opts).text
+}
+
+/**
+ * The whole answer: output tokens (as counted in `completion_tokens`), text, per-token pieces,
+ * `finish_reason` and `stop_reason`, the request's stop criteria applied as the engine applies them.
+ */
+export function oracleOutput(input: OracleInput, opts: OracleOptions = {}): Finished {
   const spec: PromptSpec = input
   const bytesPerToken = opts.bytesPerToken ?? ORACLE_DEFAULTS.bytesPerToken
   const maxTokens = resolveMaxTokens(spec, opts.defaultMaxTokens ?? ORACLE_DEFAULTS.defaultMaxTokens)
-  return detokenize(oracleTokensFor(promptTokens(spec), maxTokens, bytesPerToken))
+  return applyStop(oracleTokensFor(promptTokens(spec), maxTokens, bytesPerToken), stopCriteria(spec, opts.eosAfterTokens))
 }
 
 /**
@@ -49,11 +61,12 @@ export function oracleForBody(
   body: { prompt?: unknown; messages?: unknown; max_tokens?: number | null; max_completion_tokens?: number | null },
   opts: OracleOptions = {},
 ): string {
+  const stops = stopFieldsFrom(body as Record<string, unknown>)
   if (path === '/v1/chat/completions') {
     return oracleText(
-      { kind: 'chat', messages: body.messages as ChatMessage[], maxTokens: body.max_tokens, maxCompletionTokens: body.max_completion_tokens },
+      { kind: 'chat', messages: body.messages as ChatMessage[], maxTokens: body.max_tokens, maxCompletionTokens: body.max_completion_tokens, ...stops },
       opts,
     )
   }
-  return oracleText({ kind: 'completion', prompt: body.prompt as string | number[], maxTokens: body.max_tokens }, opts)
+  return oracleText({ kind: 'completion', prompt: body.prompt as string | number[], maxTokens: body.max_tokens, ...stops }, opts)
 }

@@ -1,29 +1,76 @@
 import type { ChatCompletionRequest, ChatMessage, CompletionRequest } from '../../schemas/openai.js'
 import { renderChat } from './chat-template.js'
-import { SimMaxTokensTooLargeError, SimPromptTooLongError, SimUnsupportedPromptError } from './errors.js'
+import { SIM_ERR_BAD_REQUEST, SIM_ERR_MAX_TOKENS_TOO_LARGE, SIM_ERR_PROMPT_TOO_LONG, SIM_ERR_UNSUPPORTED_PROMPT } from './errors.js'
+import type { StopCriteria } from './stop.js'
 import { tokenize } from './tokenizer.js'
 
-/** What the engine needs from a request body: the prompt's token ids and the output length. */
+/** What the engine needs from a request body: the prompt's token ids, output length, stops. */
 export interface PromptInput {
   tokens: Uint32Array
   maxTokens: number
+  stop: StopCriteria
+}
+
+/** vLLM's stop-related sampling parameters, as the request (or an oracle caller) gives them. */
+export interface StopFields {
+  stop?: string | readonly string[] | null
+  stopTokenIds?: readonly number[] | null
+  ignoreEos?: boolean | null
+  minTokens?: number | null
 }
 
 export type PromptSpec =
-  | { kind: 'chat'; messages: readonly ChatMessage[]; maxTokens?: number | null; maxCompletionTokens?: number | null }
-  | { kind: 'completion'; prompt: CompletionRequest['prompt']; maxTokens?: number | null }
+  | ({ kind: 'chat'; messages: readonly ChatMessage[]; maxTokens?: number | null; maxCompletionTokens?: number | null } & StopFields)
+  | ({ kind: 'completion'; prompt: CompletionRequest['prompt']; maxTokens?: number | null } & StopFields)
 
 export interface PromptLimits {
   defaultMaxTokens: number
   maxModelLen: number
+  /** SimConfig.eosAfterTokens: the model samples EOS as output token N. */
+  eosAfterTokens?: number | undefined
 }
 
 export function specFromChat(body: ChatCompletionRequest): PromptSpec {
-  return { kind: 'chat', messages: body.messages, maxTokens: body.max_tokens, maxCompletionTokens: body.max_completion_tokens }
+  return { kind: 'chat', messages: body.messages, maxTokens: body.max_tokens, maxCompletionTokens: body.max_completion_tokens, ...stopFieldsFrom(body) }
 }
 
 export function specFromCompletion(body: CompletionRequest): PromptSpec {
-  return { kind: 'completion', prompt: body.prompt, maxTokens: body.max_tokens }
+  return { kind: 'completion', prompt: body.prompt, maxTokens: body.max_tokens, ...stopFieldsFrom(body) }
+}
+
+/**
+ * `stop`, `stop_token_ids`, `ignore_eos`, `min_tokens` and `n` from a body, type-checked
+ * here rather than in the shared request schemas, which the router validates too and must
+ * keep passing through. Only `n: 1` is simulated.
+ */
+export function stopFieldsFrom(body: Record<string, unknown>): StopFields {
+  const { stop, stop_token_ids: ids, ignore_eos: ignoreEos, min_tokens: minTokens, n } = body
+  if (n !== undefined && n !== null && n !== 1) throw new SIM_ERR_UNSUPPORTED_PROMPT(`n=${JSON.stringify(n)} (only n=1)`)
+  if (stop !== undefined && stop !== null && typeof stop !== 'string' && !(Array.isArray(stop) && stop.every((s) => typeof s === 'string'))) {
+    throw new SIM_ERR_BAD_REQUEST('stop must be a string or a list of strings')
+  }
+  if (ids !== undefined && ids !== null && !(Array.isArray(ids) && ids.every((i) => Number.isInteger(i) && (i as number) >= 0))) {
+    throw new SIM_ERR_BAD_REQUEST('stop_token_ids must be a list of token ids')
+  }
+  if (ignoreEos !== undefined && ignoreEos !== null && typeof ignoreEos !== 'boolean') throw new SIM_ERR_BAD_REQUEST('ignore_eos must be a boolean')
+  return {
+    stop: stop as StopFields['stop'],
+    stopTokenIds: ids as StopFields['stopTokenIds'],
+    ignoreEos: ignoreEos as StopFields['ignoreEos'],
+    minTokens: minTokens as StopFields['minTokens'],
+  }
+}
+
+/** The stop criteria of a spec, defaults filled as vLLM fills them. */
+export function stopCriteria(spec: StopFields, eosAfterTokens?: number | null): StopCriteria {
+  const stop = spec.stop ?? []
+  return {
+    stop: typeof stop === 'string' ? [stop] : [...stop],
+    stopTokenIds: [...(spec.stopTokenIds ?? [])],
+    ignoreEos: spec.ignoreEos ?? false,
+    minTokens: spec.minTokens ?? 0,
+    eosAfterTokens: eosAfterTokens ?? null,
+  }
 }
 
 /** Token ids of the prompt; one prompt per request (batched prompts are not simulated). */
@@ -31,7 +78,7 @@ export function promptTokens(spec: PromptSpec): Uint32Array {
   if (spec.kind === 'chat') return tokenize(renderChat(spec.messages))
   const p = spec.prompt
   if (typeof p === 'string') return tokenize(p)
-  if (p.length !== 1 && typeof p[0] !== 'number') throw new SimUnsupportedPromptError('a batch of several prompts in one request')
+  if (p.length !== 1 && typeof p[0] !== 'number') throw new SIM_ERR_UNSUPPORTED_PROMPT('a batch of several prompts in one request')
   const first = p[0]
   if (typeof first === 'string') return tokenize(first)
   if (typeof first === 'number') return Uint32Array.from(p as number[])
@@ -52,7 +99,7 @@ export function resolveMaxTokens(spec: PromptSpec, defaultMaxTokens: number): nu
 export function preparePrompt(spec: PromptSpec, limits: PromptLimits): PromptInput {
   const tokens = promptTokens(spec)
   const maxTokens = resolveMaxTokens(spec, limits.defaultMaxTokens)
-  if (tokens.length > limits.maxModelLen) throw new SimPromptTooLongError(limits.maxModelLen, tokens.length)
-  if (tokens.length + maxTokens > limits.maxModelLen) throw new SimMaxTokensTooLargeError(limits.maxModelLen, maxTokens, tokens.length)
-  return { tokens, maxTokens }
+  if (tokens.length > limits.maxModelLen) throw new SIM_ERR_PROMPT_TOO_LONG(limits.maxModelLen, tokens.length)
+  if (tokens.length + maxTokens > limits.maxModelLen) throw new SIM_ERR_MAX_TOKENS_TOO_LARGE(limits.maxModelLen, maxTokens, tokens.length)
+  return { tokens, maxTokens, stop: stopCriteria(spec, limits.eosAfterTokens) }
 }

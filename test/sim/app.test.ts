@@ -1,44 +1,15 @@
-import { Writable } from 'node:stream'
 import { pino } from 'pino'
 import t from 'tap'
 import { ManualClock } from '../../common/clock.js'
-import { seededRandom } from '../../common/random.js'
 import type { SimConfig } from '../../schemas/sim-config.js'
-import { buildApp, type SimDeps } from '../../sim/src/app.js'
+import { buildApp } from '../../sim/src/app.js'
 import { validateSimConfig } from '../../sim/src/config.js'
 import { SIM_ERROR_CODES } from '../../sim/src/errors.js'
 import type { KvSource } from '../../sim/src/kv-source.js'
 import { oracleText } from '../../sim/src/oracle.js'
 import { renderChat } from '../../sim/src/chat-template.js'
 import { tokenize } from '../../sim/src/tokenizer.js'
-
-const MODEL = 'handoff/sim-1'
-
-interface Built {
-  app: ReturnType<typeof buildApp>
-  logs: Record<string, unknown>[]
-}
-
-function build(t: { teardown(fn: () => unknown): void }, config: Record<string, unknown> = {}, deps: Partial<SimDeps> = {}): Built {
-  const logs: Record<string, unknown>[] = []
-  const sink = new Writable({
-    write(chunk: Buffer, _enc, cb) {
-      for (const line of chunk.toString().split('\n')) if (line) logs.push(JSON.parse(line) as Record<string, unknown>)
-      cb()
-    },
-  })
-  const app = buildApp({ config: validateSimConfig(config), logger: pino({ level: 'info' }, sink), random: seededRandom(42), ...deps })
-  t.teardown(() => app.close())
-  return { app, logs }
-}
-
-/** Text content of an SSE body, plus the parsed frames. */
-function parseSse(body: string): { frames: Record<string, unknown>[]; done: boolean } {
-  const events = body.split('\n\n').filter(Boolean)
-  const done = events.at(-1) === 'data: [DONE]'
-  const frames = events.filter((e) => e !== 'data: [DONE]').map((e) => JSON.parse(e.replace(/^data: /, '')) as Record<string, unknown>)
-  return { frames, done }
-}
+import { build, MODEL, parseSse } from './build.js'
 
 type Choice = { text?: string; delta?: { content?: string; role?: string }; finish_reason: string | null }
 
@@ -319,7 +290,7 @@ t.test('--kv agent: the KvSource seam, leases and a read after expiry', async (t
   const blockBytes = 16 * 32
   const source: KvSource = {
     async pull(remote, region, localBlocks, numTokens) {
-      const ids = (remote.remoteBlockIds[0] as number[]).slice(0, region.blocksFor(numTokens))
+      const ids = remote.blockIds.slice(0, region.blocksFor(numTokens))
       ids.forEach((id, i) => region.bytes.set(pMemory.subarray(id * blockBytes, (id + 1) * blockBytes), (localBlocks[i] as number) * blockBytes))
     },
   }

@@ -2,7 +2,7 @@ import { Writable } from 'node:stream'
 import t from 'tap'
 import { parseSimArgs, usage } from '../../sim/src/config.js'
 import { oracleMain } from '../../sim/src/oracle-cli.js'
-import { oracleText } from '../../sim/src/oracle.js'
+import { oracleOutput, oracleText } from '../../sim/src/oracle.js'
 
 function capture(): { out: Writable; text: () => string } {
   let buf = ''
@@ -48,12 +48,29 @@ t.test('oracle CLI in process', async (t) => {
   await oracleMain(['--prompt', 'x'], d.out)
   t.equal(d.text().split(' ').length - 1, 16, 'default 16 tokens')
 
+  // Stop options: the same answer as the oracle library with the same criteria.
+  const plain = oracleOutput({ kind: 'completion', prompt: 'Hi there', maxTokens: 6 })
+  const word = (plain.pieces[2] as string).trim()
+  const cases: [string[], Parameters<typeof oracleText>[0], number | undefined][] = [
+    [['--stop', 'nope', '--stop', word], { kind: 'completion', prompt: 'Hi there', maxTokens: 6, stop: ['nope', word] }, undefined],
+    [['--stop-token-ids', `${plain.tokens[1]},999`], { kind: 'completion', prompt: 'Hi there', maxTokens: 6, stopTokenIds: [plain.tokens[1] as number, 999] }, undefined],
+    [['--eos-after-tokens', '2'], { kind: 'completion', prompt: 'Hi there', maxTokens: 6 }, 2],
+    [['--eos-after-tokens', '2', '--ignore-eos'], { kind: 'completion', prompt: 'Hi there', maxTokens: 6, ignoreEos: true }, 2],
+    [['--eos-after-tokens', '2', '--min-tokens', '3'], { kind: 'completion', prompt: 'Hi there', maxTokens: 6, minTokens: 3 }, 2],
+  ]
+  for (const [args, input, eos] of cases) {
+    const c = capture()
+    await oracleMain(['--max-tokens', '6', '--prompt', 'Hi there', ...args], c.out)
+    t.equal(c.text(), oracleText(input, { eosAfterTokens: eos }), args.join(' '))
+  }
+  t.not(oracleText(cases[0]![1]), plain.text, 'the stop string changed the text')
+
   const saved = process.exitCode
   const write = process.stderr.write.bind(process.stderr)
   const errors: string[] = []
   process.stderr.write = ((s: string) => errors.push(String(s)) > 0) as typeof process.stderr.write
   try {
-    for (const args of [['--max-tokens', '0', '--prompt', 'a'], ['--prompt', 'a', '--messages', '[]'], ['--messages', '[1]'], ['--messages', '{bad']]) {
+    for (const args of [['--max-tokens', '0', '--prompt', 'a'], ['--prompt', 'a', '--messages', '[]'], ['--messages', '[1]'], ['--messages', '{bad'], ['--prompt', 'a', '--stop-token-ids', 'x'], ['--prompt', 'a', '--min-tokens', '-1']]) {
       process.exitCode = 0
       await oracleMain(args, capture().out)
       t.equal(process.exitCode, 2, args.join(' '))

@@ -9,7 +9,6 @@ import { detokenize, generateTokens, kvDigest, WORDS } from '../../sim/src/gener
 import { writePromptKv } from '../../sim/src/kv-bytes.js'
 import { KvRegion } from '../../sim/src/kv-region.js'
 import { parseRemoteKv } from '../../sim/src/kv-source.js'
-import { LeaseTable, type LeaseEndReason } from '../../sim/src/leases.js'
 import { oracleForBody, oracleText, oracleTokensFor } from '../../sim/src/oracle.js'
 import { preparePrompt, resolveMaxTokens } from '../../sim/src/prompt.js'
 import { pieces, tokenize, tokenizeReference, VOCAB_SIZE } from '../../sim/src/tokenizer.js'
@@ -155,55 +154,6 @@ t.test('prompt limits', async (t) => {
   t.same([...preparePrompt({ kind: 'completion', prompt: [[1, 2]], maxTokens: 1 }, limits).tokens], [1, 2])
   t.same([...preparePrompt({ kind: 'completion', prompt: ['a b'], maxTokens: 1 }, limits).tokens], [...tokenize('a b')])
   t.equal(resolveMaxTokens({ kind: 'chat', messages: [], maxTokens: null, maxCompletionTokens: null }, 7), 7)
-})
-
-t.test('lease table', async (t) => {
-  const clock = new ManualClock()
-  const ended: [string, LeaseEndReason][] = []
-  const leases = new LeaseTable({ clock, leaseMs: 30_000, onEnd: (l, r) => ended.push([l.requestId, r]) })
-  leases.pin('a', [1, 2])
-  leases.pin('b', [3], 2)
-  leases.pin('c', [4])
-  leases.pin('d', [5])
-  t.throws(() => leases.pin('a', [9]))
-  t.equal(leases.expiresAtWall('a'), clock.now() + 30_000)
-  t.equal(leases.expiresAtWall('zz'), undefined)
-  t.ok(leases.readDone('a'))
-  t.notOk(leases.readDone('a'), 'unknown id ignored')
-  t.ok(leases.readDone('b'))
-  t.ok(leases.get('b'), 'two consumers: still pinned after one read')
-  t.ok(leases.readDone('b'))
-  t.ok(leases.release('c'))
-  t.notOk(leases.release('c'))
-  t.same(ended, [['a', 'read_done'], ['b', 'read_done'], ['c', 'released']])
-
-  // Heartbeats extend to now + 2/3 lease and never shorten.
-  clock.advance(25_000)
-  t.ok(leases.heartbeat('d'))
-  t.equal(leases.get('d')?.deadline, 25_000 + 20_000)
-  clock.advance(1_000)
-  t.ok(leases.heartbeat('d'))
-  t.equal(leases.get('d')?.deadline, 46_000)
-  t.notOk(leases.heartbeat('nope'))
-  clock.advance(19_999)
-  t.equal(leases.reap(), 0)
-  // The reaper scans everything: an expired lease behind a renewed one is still reaped.
-  leases.pin('e', [6])
-  leases.heartbeat('e')
-  leases.pin('f', [7])
-  clock.advance(1)
-  t.equal(leases.reap(), 1)
-  t.same(ended.at(-1), ['d', 'expired'])
-
-  // The periodic reaper runs on the injected clock.
-  leases.start()
-  leases.start()
-  clock.advance(30_000)
-  t.equal(leases.size, 0)
-  t.same(ended.slice(-2).map((e) => e[1]), ['expired', 'expired'])
-  leases.stop()
-  t.equal(clock.pendingTimers, 0)
-  t.throws(() => new LeaseTable({ clock, leaseMs: 0, onEnd: () => {} }), RangeError)
 })
 
 t.test('faults', async (t) => {

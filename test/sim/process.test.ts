@@ -41,6 +41,38 @@ t.test('two sim processes serve a P/D request with the oracle text', async (t) =
   t.equal(await d.stop(), 0, 'SIGTERM exits cleanly')
 })
 
+t.test('vLLM-imitation flags on a real process: --api-key, --eos-after-tokens, --vllm-compat legacy, --keep-alive-ms', async (t) => {
+  const sim = await spawnService({
+    args: ['sim', '--port', '0', '--api-key', 'k1', '--eos-after-tokens', '1', '--vllm-compat', 'legacy', '--keep-alive-ms', '1000', '--log-level', 'warn'],
+    readyTimeoutMs: 15000,
+  })
+  t.teardown(() => sim.stop())
+  const auth = { authorization: 'Bearer k1' }
+  t.equal((await fetch(`${sim.url}/v1/models`, { signal: AbortSignal.timeout(10000) })).status, 401)
+  t.equal((await fetch(`${sim.url}/v1/models`, { headers: auth, signal: AbortSignal.timeout(10000) })).status, 200)
+  t.equal((await fetch(`${sim.url}/health`, { signal: AbortSignal.timeout(10000) })).status, 200)
+  const leg = async (rid: string, extra: object): Promise<{ choices: { finish_reason: string }[]; kv_transfer_params: Record<string, unknown> | null }> => {
+    const r = await fetch(`${sim.url}/v1/completions`, {
+      method: 'POST',
+      headers: { ...auth, 'content-type': 'application/json', 'x-request-id': rid },
+      body: JSON.stringify({ model: MODEL, prompt: 'flags on a process', max_tokens: 1, stream: false, kv_transfer_params: { do_remote_decode: true }, ...extra }),
+      signal: AbortSignal.timeout(10000),
+    })
+    return (await r.json()) as { choices: { finish_reason: string }[]; kv_transfer_params: Record<string, unknown> | null }
+  }
+  const stopped = await leg('p-eos', {})
+  t.same([stopped.choices[0]?.finish_reason, stopped.kv_transfer_params], ['stop', null], 'EOS as P\'s token: no params')
+  const forced = await leg('p-len', { ignore_eos: true })
+  t.equal(forced.choices[0]?.finish_reason, 'length')
+  t.notOk(forced.kv_transfer_params && 'remote_request_id' in forced.kv_transfer_params, 'legacy shape')
+  t.ok(Array.isArray(forced.kv_transfer_params?.remote_block_ids) && (forced.kv_transfer_params.remote_block_ids as unknown[]).every(Number.isInteger), 'flat block ids')
+  const log = (await (await fetch(`${sim.url}/sim/requests`, { signal: AbortSignal.timeout(10000) })).json()) as { requests: Record<string, unknown>[] }
+  t.match(log.requests.slice(-2), [
+    { xRequestId: 'p-eos', finishReason: 'stop', kvTransferParams: null },
+    { xRequestId: 'p-len', finishReason: 'length', kvTransferParams: { remote_engine_id: String } },
+  ])
+})
+
 t.test('oracle CLI prints exactly the text', async (t) => {
   const run = (args: string[]) => spawnSync(process.execPath, [cliEntry, 'sim', 'oracle', ...args], { encoding: 'utf8', timeout: 30000 })
   const c = run(['--max-tokens', '4', '--prompt', 'Hello'])

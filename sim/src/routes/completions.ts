@@ -1,11 +1,10 @@
 import { PassThrough } from 'node:stream'
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify'
+import { sleep } from '../../../common/timers.js'
 import type { ChatCompletionRequest, CompletionRequest, Usage } from '../../../schemas/openai.js'
 import type { SimContext } from '../context.js'
-import { sleep } from '../delays.js'
 import type { EngineResult } from '../engine.js'
-import { SimInjectedError, SimModelNotFoundError } from '../errors.js'
-import { detokenize, detokenizeOne } from '../generator.js'
+import { SIM_ERR_DUPLICATE_REQUEST_ID, SIM_ERR_INJECTED, SIM_ERR_MODEL_NOT_FOUND } from '../errors.js'
 import { preparePrompt, specFromChat, specFromCompletion, type PromptSpec } from '../prompt.js'
 
 type Kind = 'completion' | 'chat'
@@ -39,7 +38,7 @@ async function serve(ctx: SimContext, kind: Kind, request: FastifyRequest<{ Body
     reply.raw.destroy()
     return reply
   }
-  if (fault === 'error') throw new SimInjectedError()
+  if (fault === 'error') throw new SIM_ERR_INJECTED()
   if (fault === 'garbage') return reply.code(200).type('application/json').send('<html>not json: injected garbage</html>')
 
   // One signal for "stop working on this": the client left, or the app is closing.
@@ -53,19 +52,29 @@ async function serve(ctx: SimContext, kind: Kind, request: FastifyRequest<{ Body
     await sleep(ctx.clock, ctx.faults.current.stallMs, signal)
   }
 
-  if (body.model !== config.model) throw new SimModelNotFoundError(body.model)
-  const input = preparePrompt(spec, config)
+  if (body.model !== config.model) throw new SIM_ERR_MODEL_NOT_FOUND(body.model)
+  const input = preparePrompt(spec, { ...config, eosAfterTokens: ctx.faults.current.eosAfterTokens })
   const responseId = `${kind === 'chat' ? 'chatcmpl' : 'cmpl'}-${request.id}`
 
+  // vLLM builds its request id from X-Request-Id; without the random suffix (older
+  // releases, VLLM_DISABLE_REQUEST_ID_RANDOMIZATION) a reused id collides with the request
+  // still running. The simulator always refuses it, so a router that reuses ids is caught.
+  const header = request.headers['x-request-id']
+  const xRequestId = typeof header === 'string' ? header : undefined
+  if (xRequestId !== undefined) {
+    if (ctx.inFlightIds.has(xRequestId)) throw new SIM_ERR_DUPLICATE_REQUEST_ID(xRequestId)
+    ctx.inFlightIds.add(xRequestId)
+  }
   metrics.running.inc(metrics.labels)
   let finished = false
   const done = (ok: boolean, result?: EngineResult): void => {
     if (finished) return
     finished = true
+    if (xRequestId !== undefined) ctx.inFlightIds.delete(xRequestId)
     metrics.running.dec(metrics.labels)
     if (ok && result) {
-      metrics.success.inc({ ...metrics.labels, finished_reason: 'length' })
-      metrics.generationTokens.inc(metrics.labels, result.outputTokens.length)
+      metrics.success.inc({ ...metrics.labels, finished_reason: result.output.finishReason })
+      metrics.generationTokens.inc(metrics.labels, result.output.tokens.length)
     }
   }
   let result: EngineResult
@@ -75,15 +84,21 @@ async function serve(ctx: SimContext, kind: Kind, request: FastifyRequest<{ Body
     done(false)
     throw err
   }
+  const { output } = result
   request.log.info(
-    { internalId: result.internalId, mode: result.mode, promptTokens: result.promptTokens, outputTokens: result.outputTokens.length },
+    { internalId: result.internalId, mode: result.mode, promptTokens: result.promptTokens, outputTokens: output.tokens.length, finishReason: output.finishReason },
     'request served',
   )
+  ctx.requests.annotate(request.raw, {
+    finishReason: output.finishReason,
+    stopReason: output.stopReason,
+    kvTransferParams: result.kvTransferParams,
+  })
   const created = Math.floor(ctx.clock.now() / 1000)
   const usage: Usage = {
     prompt_tokens: result.promptTokens,
-    completion_tokens: result.outputTokens.length,
-    total_tokens: result.promptTokens + result.outputTokens.length,
+    completion_tokens: output.tokens.length,
+    total_tokens: result.promptTokens + output.tokens.length,
   }
   const head = { id: responseId, created, model: config.model }
 
@@ -114,16 +129,16 @@ async function serve(ctx: SimContext, kind: Kind, request: FastifyRequest<{ Body
 
   try {
     // The first token comes out of prefill; each further one costs a decode step.
-    await sleep(ctx.clock, config.decodeDelayMs * Math.max(0, result.outputTokens.length - 1), signal)
+    await sleep(ctx.clock, config.decodeDelayMs * Math.max(0, output.tokens.length - 1), signal)
   } catch (err) {
     done(false)
     throw err
   }
-  const text = detokenize(result.outputTokens)
+  const { text, finishReason, stopReason } = output
   const choice =
     kind === 'chat'
-      ? { index: 0, message: { role: 'assistant', content: text }, logprobs: null, finish_reason: 'length', stop_reason: null }
-      : { index: 0, text, logprobs: null, finish_reason: 'length', stop_reason: null }
+      ? { index: 0, message: { role: 'assistant', content: text }, logprobs: null, finish_reason: finishReason, stop_reason: stopReason }
+      : { index: 0, text, logprobs: null, finish_reason: finishReason, stop_reason: stopReason }
   const payload = {
     ...head,
     object: kind === 'chat' ? 'chat.completion' : 'text_completion',
@@ -154,15 +169,20 @@ function* sseFrames(kind: Kind, head: { id: string; created: number; model: stri
   const frame = (choices: unknown[], extra?: object): string =>
     `data: ${JSON.stringify({ id: head.id, object, created: head.created, model: head.model, choices, ...extra })}\n\n`
   if (kind === 'chat') yield frame([{ index: 0, delta: { role: 'assistant', content: '' }, logprobs: null, finish_reason: null }])
-  const n = result.outputTokens.length
+  const { pieces, finishReason, stopReason } = result.output
+  const n = pieces.length
   for (let i = 0; i < n; i++) {
     if (i > 0) yield null
-    const text = detokenizeOne(result.outputTokens[i] as number)
-    const finish = i === n - 1 ? 'length' : null
+    // A stop token or the cut part of a stop string has no text; its frame still carries
+    // the finish reason, as vLLM's last chunk does.
+    const text = pieces[i] as string
+    const last = i === n - 1
+    const finish = last ? finishReason : null
+    const stop = last ? stopReason : null
     yield frame([
       kind === 'chat'
-        ? { index: 0, delta: { content: text }, logprobs: null, finish_reason: finish, stop_reason: null }
-        : { index: 0, text, logprobs: null, finish_reason: finish, stop_reason: null },
+        ? { index: 0, delta: { content: text }, logprobs: null, finish_reason: finish, stop_reason: stop }
+        : { index: 0, text, logprobs: null, finish_reason: finish, stop_reason: stop },
     ])
   }
   if (usage) yield frame([], { usage })

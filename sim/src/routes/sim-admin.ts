@@ -13,6 +13,7 @@ export const FaultsPatchSchema = Type.Object(
     garbageRate: Type.Optional(Type.Number({ minimum: 0, maximum: 1 })),
     disconnectRate: Type.Optional(Type.Number({ minimum: 0, maximum: 1 })),
     unhealthy: Type.Optional(Type.Boolean()),
+    eosAfterTokens: Type.Optional(Type.Union([Type.Integer({ minimum: 1 }), Type.Null()])),
   },
   { additionalProperties: false },
 )
@@ -26,6 +27,7 @@ const FaultsView = Type.Object(
     garbageRate: Type.Number(),
     disconnectRate: Type.Number(),
     unhealthy: Type.Boolean(),
+    eosAfterTokens: Type.Optional(Type.Integer()),
   },
   { additionalProperties: false },
 )
@@ -36,8 +38,12 @@ const RecordedRequestView = Type.Object(
     receivedAt: Type.Number(),
     method: Type.String(),
     path: Type.String(),
+    xRequestId: Type.Union([Type.String(), Type.Null()]),
     headers: Type.Object({}, { additionalProperties: true }),
     body: Type.Optional(Type.Unknown()),
+    finishReason: Type.Optional(Type.String()),
+    stopReason: Type.Optional(Type.Union([Type.String(), Type.Integer(), Type.Null()])),
+    kvTransferParams: Type.Optional(Type.Union([Type.Object({}, { additionalProperties: true }), Type.Null()])),
   },
   { additionalProperties: false },
 )

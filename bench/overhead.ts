@@ -46,6 +46,7 @@ interface Cell {
   router: LoadResult
   /** The --baseline build's router, when given. */
   baseline: LoadResult | undefined
+  baselineCpuPer1k: number
   bareCpuPer1k: number
   routerCpuPer1k: number
   /** P and D together, over the same router rounds: the work the router fronts. */
@@ -157,6 +158,7 @@ async function runOverheadTable(o: { sizes: number[]; concurrencies: number[]; s
         let d0 = empty()
         let r0 = empty()
         let base0 = empty()
+        let baselineCpu = 0
         let b0 = empty()
         let cpu = 0
         let bareCpu = 0
@@ -172,7 +174,11 @@ async function runOverheadTable(o: { sizes: number[]; concurrencies: number[]; s
           r0 = merge(r0, rt.load)
           cpu += rt.cpu
           enginesCpu += cpuOf(enginePids) - before
-          if (baselineRouter) base0 = merge(base0, (await measure(viaBaseline, [])).load)
+          if (baselineRouter) {
+            const bl = await measure(viaBaseline, [baselineRouter.child.pid as number])
+            base0 = merge(base0, bl.load)
+            baselineCpu += bl.cpu
+          }
         }
         const cell: Cell = {
           size,
@@ -181,6 +187,7 @@ async function runOverheadTable(o: { sizes: number[]; concurrencies: number[]; s
           bare: b0,
           router: r0,
           baseline: baselineRouter ? base0 : undefined,
+          baselineCpuPer1k: (baselineCpu / Math.max(1, base0.latenciesMs.length)) * 1000,
           bareCpuPer1k: (bareCpu / Math.max(1, b0.latenciesMs.length)) * 1000,
           routerCpuPer1k: (cpu / Math.max(1, r0.latenciesMs.length)) * 1000,
           enginesCpuPer1k: (enginesCpu / Math.max(1, r0.latenciesMs.length)) * 1000,
@@ -214,7 +221,9 @@ function summarize(c: Cell) {
     bare_p50_ms: percentile(bs, 50),
     bare_rps: bs.length / c.bare.wallSeconds,
     added_mean_ms: mean(rs) - mean(ds),
-    ...(c.baseline ? { baseline_added_mean_ms: mean(c.baseline.latenciesMs) - mean(ds), baseline_rps: c.baseline.latenciesMs.length / c.baseline.wallSeconds } : {}),
+    ...(c.baseline
+      ? { baseline_added_mean_ms: mean(c.baseline.latenciesMs) - mean(ds), baseline_rps: c.baseline.latenciesMs.length / c.baseline.wallSeconds, baseline_cpu_s_per_1k: c.baselineCpuPer1k }
+      : {}),
     bare_added_mean_ms: mean(bs) - mean(ds),
     bare_cpu_s_per_1k: c.bareCpuPer1k,
     router_cpu_s_per_1k: c.routerCpuPer1k,
@@ -228,12 +237,12 @@ function table(cells: Cell[], run: { seconds: number; maxRequests: number; round
   const f = (n: number, d = 2): string => (Number.isFinite(n) ? n.toFixed(d) : 'n/a')
   const rows = cells.map((c) => {
     const s = summarize(c)
-    return `| ${s.prompt_bytes} | ${s.concurrency} | ${f(s.direct_p50_ms)} / ${f(s.direct_p99_ms)} | ${f(s.router_p50_ms)} / ${f(s.router_p99_ms)} | ${f(s.direct_rps, 0)} / ${f(s.bare_rps, 0)} / ${f(s.router_rps, 0)} | ${f(s.bare_added_mean_ms)} / ${f(s.added_mean_ms)}${s.baseline_added_mean_ms === undefined ? '' : ` / ${f(s.baseline_added_mean_ms)}`} | ${f(s.bare_cpu_s_per_1k)} / ${f(s.router_cpu_s_per_1k)} | ${f(s.engines_cpu_s_per_1k)} | ${f(s.router_rss_mib, 0)} | ${s.errors} |`
+    return `| ${s.prompt_bytes} | ${s.concurrency} | ${f(s.direct_p50_ms)} / ${f(s.direct_p99_ms)} | ${f(s.router_p50_ms)} / ${f(s.router_p99_ms)} | ${f(s.direct_rps, 0)} / ${f(s.bare_rps, 0)} / ${f(s.router_rps, 0)} | ${f(s.bare_added_mean_ms)} / ${f(s.added_mean_ms)}${s.baseline_added_mean_ms === undefined ? '' : ` / ${f(s.baseline_added_mean_ms)}`} | ${f(s.bare_cpu_s_per_1k)} / ${f(s.router_cpu_s_per_1k)}${s.baseline_cpu_s_per_1k === undefined ? '' : ` / ${f(s.baseline_cpu_s_per_1k)}`} | ${f(s.engines_cpu_s_per_1k)} | ${f(s.router_rss_mib, 0)} | ${s.errors} |`
   })
   return [
     `Machine: ${cpus().length} × ${cpus()[0]?.model ?? 'cpu'}, ${(totalmem() / 2 ** 30).toFixed(0)} GiB, Node ${process.version}; ${run.rounds} alternating rounds of ≤${run.maxRequests} requests / ${run.seconds} s per path per cell; /v1/completions, max_tokens 8, not streamed.`,
     '',
-    `| prompt bytes | concurrency | direct p50 / p99 ms | router p50 / p99 ms | req/s direct / bare / router | added mean ms bare / router${cells.some((c) => c.baseline) ? ' / baseline' : ''} | proxy CPU s per 1k req bare / router | P+D CPU s per 1k req | router RSS MiB | errors |`,
+    `| prompt bytes | concurrency | direct p50 / p99 ms | router p50 / p99 ms | req/s direct / bare / router | added mean ms bare / router${cells.some((c) => c.baseline) ? ' / baseline' : ''} | proxy CPU s per 1k req bare / router${cells.some((c) => c.baseline) ? ' / baseline' : ''} | P+D CPU s per 1k req | router RSS MiB | errors |`,
     '| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |',
     ...rows,
     '',

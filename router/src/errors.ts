@@ -1,10 +1,11 @@
-import createError from '@fastify/error'
+import { codedErrors, isTableError } from '../../common/coded-error.js'
 import type { ErrorBody } from '../../schemas/openai.js'
 
 /**
- * Every failure the router reports, one coded constructor each. Callers branch on `err.code`,
- * never on text. `type` is OpenAI's error class, used in the client-facing body.
- * docs/errors.md lists every code; a test keeps the two in step.
+ * Every failure the router reports, one coded constructor each, built by the factory all
+ * packages share. Callers branch on `err.code`, never on text. `type` is OpenAI's error
+ * class, used in the client-facing body. docs/errors.md lists every code; a test keeps the
+ * two in step.
  */
 interface ErrorSpec {
   status: number
@@ -36,30 +37,30 @@ export const errorSpecs = {
 
 export type RouterErrorCode = keyof typeof errorSpecs
 
-function make<C extends RouterErrorCode>(code: C) {
-  const spec: ErrorSpec = errorSpecs[code]
-  return createError<C, number, unknown[]>(code, spec.message, spec.status)
-}
+/** The constructors, one per code; the export names equal the codes (common/coded-error.ts). */
+export const routerErrors = codedErrors(errorSpecs)
 
-export const RTR_ERR_INVALID_JSON = make('RTR_ERR_INVALID_JSON')
-export const RTR_ERR_INVALID_REQUEST = make('RTR_ERR_INVALID_REQUEST')
-export const RTR_ERR_UNSUPPORTED_MEDIA_TYPE = make('RTR_ERR_UNSUPPORTED_MEDIA_TYPE')
-export const RTR_ERR_BODY_TOO_LARGE = make('RTR_ERR_BODY_TOO_LARGE')
-export const RTR_ERR_UNSUPPORTED = make('RTR_ERR_UNSUPPORTED')
-export const RTR_ERR_UNAUTHORIZED = make('RTR_ERR_UNAUTHORIZED')
-export const RTR_ERR_FORBIDDEN = make('RTR_ERR_FORBIDDEN')
-export const RTR_ERR_MODEL_NOT_FOUND = make('RTR_ERR_MODEL_NOT_FOUND')
-export const RTR_ERR_ROUTE_NOT_FOUND = make('RTR_ERR_ROUTE_NOT_FOUND')
-export const RTR_ERR_NO_INSTANCE = make('RTR_ERR_NO_INSTANCE')
-export const RTR_ERR_SHUTTING_DOWN = make('RTR_ERR_SHUTTING_DOWN')
-export const RTR_ERR_OVERLOADED = make('RTR_ERR_OVERLOADED')
-export const RTR_ERR_UPSTREAM_UNAVAILABLE = make('RTR_ERR_UPSTREAM_UNAVAILABLE')
-export const RTR_ERR_UPSTREAM_TIMEOUT = make('RTR_ERR_UPSTREAM_TIMEOUT')
-export const RTR_ERR_UPSTREAM_RESET = make('RTR_ERR_UPSTREAM_RESET')
-export const RTR_ERR_UPSTREAM_BAD_RESPONSE = make('RTR_ERR_UPSTREAM_BAD_RESPONSE')
-export const RTR_ERR_UPSTREAM_STATUS = make('RTR_ERR_UPSTREAM_STATUS')
-export const RTR_ERR_CONFIG = make('RTR_ERR_CONFIG')
-export const RTR_ERR_INTERNAL = make('RTR_ERR_INTERNAL')
+export const {
+  RTR_ERR_INVALID_JSON,
+  RTR_ERR_INVALID_REQUEST,
+  RTR_ERR_UNSUPPORTED_MEDIA_TYPE,
+  RTR_ERR_BODY_TOO_LARGE,
+  RTR_ERR_UNSUPPORTED,
+  RTR_ERR_UNAUTHORIZED,
+  RTR_ERR_FORBIDDEN,
+  RTR_ERR_MODEL_NOT_FOUND,
+  RTR_ERR_ROUTE_NOT_FOUND,
+  RTR_ERR_NO_INSTANCE,
+  RTR_ERR_SHUTTING_DOWN,
+  RTR_ERR_OVERLOADED,
+  RTR_ERR_UPSTREAM_UNAVAILABLE,
+  RTR_ERR_UPSTREAM_TIMEOUT,
+  RTR_ERR_UPSTREAM_RESET,
+  RTR_ERR_UPSTREAM_BAD_RESPONSE,
+  RTR_ERR_UPSTREAM_STATUS,
+  RTR_ERR_CONFIG,
+  RTR_ERR_INTERNAL,
+} = routerErrors
 
 export interface CodedError extends Error {
   code: string
@@ -67,7 +68,7 @@ export interface CodedError extends Error {
 }
 
 export function isRouterError(err: unknown): err is CodedError & { code: RouterErrorCode } {
-  return err instanceof Error && typeof (err as CodedError).code === 'string' && (err as CodedError).code in errorSpecs
+  return isTableError(routerErrors, err)
 }
 
 /** The OpenAI-shaped body for a router error. */

@@ -66,3 +66,18 @@ t.test('the simulator table: codes unique, prefixed, documented with their statu
   const documented = [...section.matchAll(/`(SIM_ERR_[A-Z_]+)`/g)].map((m) => m[1])
   t.same([...new Set(documented)].filter((c) => !codes.includes(c as string)), [], 'the docs list no unknown sim code')
 })
+
+t.test('one consistency check over every package: codes unique across tables, each documented once', async (t) => {
+  const { routerErrors } = await import('../../router/src/errors.js')
+  const { nativeErrors } = await import('../../native/errors.js')
+  type Ctor = new (...args: unknown[]) => Error & { code: string }
+  const tables: Record<string, Record<string, Ctor>> = { router: routerErrors as never, sim: simErrors as never, native: nativeErrors as never }
+  const names = Object.values(tables).map((table) => Object.fromEntries(Object.keys(table).map((code) => [code, { code }])))
+  t.same(duplicateCodes(...names), [], 'no code in two tables')
+  for (const [pkg, table] of Object.entries(tables)) {
+    for (const [name, ctor] of Object.entries(table)) {
+      t.equal(new ctor('a', 'b', 'c', 'd').code, name, `${pkg}: the export name is the code (${name})`)
+      t.equal([...docs.matchAll(new RegExp(`^\\| \`${name}\` \\|`, 'gm'))].length, 1, `${name} has one row in docs/errors.md`)
+    }
+  }
+})

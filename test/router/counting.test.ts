@@ -75,6 +75,7 @@ t.test("a client that leaves right after D's response head: counted client_gone,
 t.test('a client that leaves at every instant: every request is counted once and nothing leaks', async (t) => {
   const { url, app, logs } = await startRouter(t, pd, { probe: false })
   const delays = [0, 1, 2, 5, 10, 20, 40, 80, 150, 300, 600, 1000]
+  let answered = 0
   await Promise.all(
     delays.map(async (ms, i) => {
       const ac = new AbortController()
@@ -86,6 +87,7 @@ t.test('a client that leaves at every instant: every request is counted once and
           headers: { 'content-type': 'application/json' },
           signal: ac.signal,
         })
+        answered++
         await res.body.text()
       } catch {
         // The client left.
@@ -101,5 +103,5 @@ t.test('a client that leaves at every instant: every request is counted once and
   const gone = logs.filter((l) => l.msg === 'client went away; upstream work aborted').map((l) => l.reqId)
   t.equal(new Set(gone).size, gone.length, 'no request settled twice')
   t.equal(counted, gone.length + (await outcome(url, 'pd', 'ok')), 'each settled request counted once', { text })
-  t.ok(counted >= delays.length - 3 && counted <= delays.length, `${counted} of ${delays.length} reached the handler`)
+  t.ok(counted >= answered && counted <= delays.length, `${counted} of ${delays.length} reached the handler, ${answered} got an answer head`)
 })

@@ -20,7 +20,7 @@ async function metric(url: string, re: RegExp): Promise<number> {
 const inflight = (url: string) => metric(url, /^handoff_router_inflight_requests (\d+)/m)
 const outcome = (url: string, mode: string, o: string) => metric(url, new RegExp(`^handoff_router_requests_total\\{mode="${mode}",outcome="${o}"\\} (\\d+)`, 'm'))
 
-t.test("D's own 4xx is relayed and counted as http_400, not ok", async (t) => {
+t.test("D's own 4xx is relayed and counted as http_400 rather than ok", async (t) => {
   const { url, app } = await startRouter(t, pd, { probe: false })
   // P gets max_tokens 1 and passes; D sees the client's impossible max_tokens and refuses.
   const res = await post(`${url}/v1/completions`, { model: MODEL, prompt: 'hello', max_tokens: 10_000_000 })

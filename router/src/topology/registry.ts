@@ -200,11 +200,6 @@ export class TopologyRegistry {
     this.#emit({ type: 'down', instanceId: id })
   }
 
-  /** Whether the last probe verdict is up (undefined before the first probe). */
-  probedUp(id: string): boolean | undefined {
-    return this.#get(id).probedUp
-  }
-
   /** Stop admitting new work to the instance; `drained` follows once nothing is in flight. */
   drain(id: string): void {
     const s = this.#get(id)

@@ -1,6 +1,5 @@
 import { randomUUID } from 'node:crypto'
 import Fastify, { type FastifyBaseLogger, type FastifyError, type FastifyInstance } from 'fastify'
-import { Registry } from 'prom-client'
 import { Agent, request, type Dispatcher } from 'undici'
 import { systemClock, type Clock } from '../../common/clock.js'
 import { loggerOptions } from '../../common/logger.js'
@@ -123,7 +122,7 @@ export async function buildApp(deps: RouterDeps): Promise<FastifyInstance> {
   app.removeContentTypeParser('text/plain')
 
   const registry = new TopologyRegistry({ clock, policy: config.health, instances: config.instances })
-  const metrics = createRouterMetrics(new Registry())
+  const metrics = createRouterMetrics()
   const dispatcher = upstreamAgent(config)
   const probes = probeAgent(config)
   const admission = new Admission({

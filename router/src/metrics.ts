@@ -1,7 +1,14 @@
-import { Counter, Gauge, Histogram, Registry } from 'prom-client'
+import { Counter, Gauge, Histogram, Registry, type OpenMetricsContentType } from 'prom-client'
 
-/** The router's Prometheus metrics, on a private registry (never prom-client's global one). */
-export function createRouterMetrics(registry: Registry) {
+/**
+ * The router's Prometheus metrics, on a private registry (never prom-client's global one).
+ * The registry serves OpenMetrics text: the request-duration histogram carries the client's
+ * X-Request-Id of the latest request per bucket as an exemplar, to jump from a slow bucket to
+ * that request's logs.
+ */
+export function createRouterMetrics() {
+  const registry = new Registry<OpenMetricsContentType>()
+  registry.setContentType(Registry.OPENMETRICS_CONTENT_TYPE)
   const registers = [registry]
   return {
     registry,
@@ -17,6 +24,7 @@ export function createRouterMetrics(registry: Registry) {
       labelNames: ['mode'] as const,
       buckets: [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60],
       registers,
+      enableExemplars: true,
     }),
     prefillDuration: new Histogram({
       name: 'handoff_router_prefill_duration_seconds',

@@ -105,3 +105,12 @@ t.test('a client that leaves at every instant: every request is counted once and
   t.equal(counted, gone.length + (await outcome(url, 'pd', 'ok')), 'each settled request counted once', { text })
   t.ok(counted >= answered && counted <= delays.length, `${counted} of ${delays.length} reached the handler, ${answered} got an answer head`)
 })
+
+t.test("the request-duration histogram carries the client's request id as an OpenMetrics exemplar", async (t) => {
+  const { url } = await startRouter(t, pd, { probe: false })
+  await post(`${url}/v1/completions`, { model: MODEL, prompt: 'exemplar', max_tokens: 2 }, { 'x-request-id': 'trace-me-7' })
+  const res = await get(`${url}/metrics`)
+  t.match(String(res.headers['content-type']), /^application\/openmetrics-text/)
+  t.match(res.text, /^handoff_router_request_duration_seconds_bucket\{le="[^"]+",mode="pd"\} 1 # \{request_id="trace-me-7"\} /m)
+  t.ok(res.text.trimEnd().endsWith('# EOF'))
+})

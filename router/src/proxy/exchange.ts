@@ -94,7 +94,7 @@ export class Handoff {
  * whatever path got there: counted in metrics, slots released, unread leases released.
  */
 export class Exchange {
-  /** The client's X-Request-Id (or one made for it): logs and the response header, never an engine. */
+  /** The client's X-Request-Id (or one made for it): logs, the response header and the metrics exemplar; never sent to an engine. */
   readonly id: string
   readonly signal: AbortSignal
   readonly started: number
@@ -172,7 +172,13 @@ export class Exchange {
     for (const h of this.handoffs) h.end(outcome)
     metrics.inflight.dec()
     metrics.requests.inc({ mode: this.mode, outcome })
-    metrics.requestDuration.observe({ mode: this.mode }, (clock.monotonic() - this.started) / 1000)
+    metrics.requestDuration.observe({
+      labels: { mode: this.mode },
+      value: (clock.monotonic() - this.started) / 1000,
+      // OpenMetrics allows 128 characters of exemplar labels in all. (prom-client's types
+      // wrongly tie exemplar label names to the metric's own label names.)
+      exemplarLabels: { request_id: this.id.slice(0, 100) } as Record<string, string> as { mode: string },
+    })
     if (outcome === 'client_gone') this.log.info('client went away; upstream work aborted')
   }
 }

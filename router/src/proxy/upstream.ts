@@ -66,8 +66,8 @@ export class Upstream {
   }
 
   async send(call: UpstreamCall): Promise<UpstreamAnswer> {
-    const deadline = call.deadlineMs === undefined ? undefined : deadlineTimer(call.deadlineMs)
-    const signal = deadline ? AbortSignal.any([call.signal, deadline.signal]) : call.signal
+    const deadline = call.deadlineMs === undefined ? undefined : withDeadline(call.signal, call.deadlineMs)
+    const signal = deadline ? deadline.signal : call.signal
     const settle = (): void => deadline?.clear()
     const options = {
       method: 'POST' as const,
@@ -131,11 +131,25 @@ export class Upstream {
   }
 }
 
-function deadlineTimer(ms: number): { signal: AbortSignal; clear(): void } {
+/**
+ * A signal that aborts with the parent or after `ms`. Built by hand: AbortSignal.any on
+ * Node 20 tracks its sources through weak references and a FinalizationRegistry, which showed
+ * up as several times the garbage-collection time of the whole router in a CPU profile.
+ */
+function withDeadline(parent: AbortSignal, ms: number): { signal: AbortSignal; clear(): void } {
   const ac = new AbortController()
+  const onParent = (): void => ac.abort(parent.reason)
   const timer = setTimeout(() => ac.abort(new DeadlinePassed()), ms)
   timer.unref()
-  return { signal: ac.signal, clear: () => clearTimeout(timer) }
+  if (parent.aborted) onParent()
+  else parent.addEventListener('abort', onParent, { once: true })
+  return {
+    signal: ac.signal,
+    clear: () => {
+      clearTimeout(timer)
+      parent.removeEventListener('abort', onParent)
+    },
+  }
 }
 
 /**

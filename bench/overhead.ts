@@ -102,7 +102,7 @@ export async function runOverheadBench(argv: string[]): Promise<void> {
     decodeDelayMs: 40,
   }
   if (!values['overload-only']) await runOverheadTable({ sizes, concurrencies, seconds, maxRequests, rounds, json: values.json === true, baseline: values.baseline })
-  if (!values['no-overload']) process.stdout.write(await runOverload(overload))
+  if (!values['no-overload']) process.stdout.write(await runOverload({ ...overload, baseline: values.baseline }))
 }
 
 async function runOverheadTable(o: { sizes: number[]; concurrencies: number[]; seconds: number; maxRequests: number; rounds: number; json: boolean; baseline: string | undefined }): Promise<void> {

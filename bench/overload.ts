@@ -9,12 +9,16 @@ export interface OverloadOptions {
   seconds: number
   maxTokens: number
   decodeDelayMs: number
+  /** Another build's CLI entry: its router runs the same load as a third row. */
+  baseline?: string | undefined
 }
 
 interface Row {
-  path: 'direct' | 'router'
+  path: 'direct' | 'router' | 'baseline router'
   load: LoadResult
   statuses: Map<number, number>
+  /** Why requests failed: `HTTP <status>` or the transport error's message, with counts. */
+  failures: Map<string, number>
   /** Router only: samples of the decoder's instance_up gauge, ejections, and the queue. */
   d0DownSamples?: number
   samples?: number
@@ -37,12 +41,22 @@ export async function runOverload(o: OverloadOptions): Promise<string> {
   const cluster = await startBenchCluster({ decodeDelayMs: o.decodeDelayMs })
   try {
     const { p, d } = cluster
-    const router = await cluster.router()
     const body = { model: 'handoff/sim-1', messages: [{ role: 'user', content: 'tell me a long story' }], max_tokens: o.maxTokens, stream: true }
     const run = async (path: Row['path'], send: (statuses: Map<number, number>) => Promise<void>): Promise<Row> => {
       const statuses = new Map<number, number>()
-      const load = await closedLoop({ concurrency: o.concurrency, maxRequests: Number.MAX_SAFE_INTEGER, maxSeconds: o.seconds, send: () => send(statuses) })
-      return { path, load, statuses }
+      const failures = new Map<string, number>()
+      const load = await closedLoop({
+        concurrency: o.concurrency,
+        maxRequests: Number.MAX_SAFE_INTEGER,
+        maxSeconds: o.seconds,
+        send: () =>
+          send(statuses).catch((err: unknown) => {
+            const what = (err as Error).message
+            failures.set(what, (failures.get(what) ?? 0) + 1)
+            throw err
+          }),
+      })
+      return { path, load, statuses, failures }
     }
     const count = (statuses: Map<number, number>, status: number): void => {
       statuses.set(status, (statuses.get(status) ?? 0) + 1)
@@ -55,6 +69,31 @@ export async function runOverload(o: OverloadOptions): Promise<string> {
     const fail = (status: number): never => {
       throw new Error(`HTTP ${status}`)
     }
+    /** One router under the load, with its view of the decoder sampled every 500 ms. */
+    const routerRow = async (path: Row['path'], url: string): Promise<Row> => {
+      let samples = 0
+      let down = 0
+      let maxQueue = 0
+      const sampler = setInterval(() => {
+        void request(`${url}/metrics`, { dispatcher: agent })
+          .then((r) => r.body.text())
+          .then((text) => {
+            samples++
+            if (/^handoff_router_instance_up\{[^}]*instance="d0"[^}]*\} 0/m.test(text)) down++
+            maxQueue = Math.max(maxQueue, metricValue(text, /^handoff_router_admission_queue_depth (\d+)/gm))
+          })
+          .catch(() => undefined)
+      }, 500)
+      const row = await run(path, async (statuses) => {
+        const r = await postJson(`${url}/v1/chat/completions`, body)
+        count(statuses, r.status)
+        if (r.status !== 200) fail(r.status)
+      })
+      clearInterval(sampler)
+      const metrics = await (await request(`${url}/metrics`, { dispatcher: agent })).body.text()
+      // An older build counts ejections nowhere; its instance_up samples still tell.
+      return { ...row, samples, d0DownSamples: down, maxQueue, ejections: metricValue(metrics, /^handoff_router_topology_changes_total\{type="ejected"\} (\d+)/gm) }
+    }
     const direct = await run('direct', async (statuses) => {
       const pr = await postJson(`${p.url}/v1/chat/completions`, prefillBody(body))
       if (pr.status !== 200) {
@@ -65,34 +104,12 @@ export async function runOverload(o: OverloadOptions): Promise<string> {
       count(statuses, dr.status)
       if (dr.status !== 200) fail(dr.status)
     })
-    let samples = 0
-    let down = 0
-    let maxQueue = 0
-    const sampler = setInterval(() => {
-      void request(`${router.url}/metrics`, { dispatcher: agent })
-        .then((r) => r.body.text())
-        .then((text) => {
-          samples++
-          if (/^handoff_router_instance_up\{[^}]*instance="d0"[^}]*\} 0/m.test(text)) down++
-          maxQueue = Math.max(maxQueue, metricValue(text, /^handoff_router_admission_queue_depth (\d+)/gm))
-        })
-        .catch(() => undefined)
-    }, 500)
-    const viaRouter = await run('router', async (statuses) => {
-      const r = await postJson(`${router.url}/v1/chat/completions`, body)
-      count(statuses, r.status)
-      if (r.status !== 200) fail(r.status)
-    })
-    clearInterval(sampler)
-    const metrics = await (await request(`${router.url}/metrics`, { dispatcher: agent })).body.text()
-    const routerRow: Row = {
-      ...viaRouter,
-      samples,
-      d0DownSamples: down,
-      maxQueue,
-      ejections: metricValue(metrics, /^handoff_router_topology_changes_total\{type="ejected"\} (\d+)/gm),
+    const rows: Row[] = [direct]
+    for (const [path, entry] of [['router', undefined], ...(o.baseline ? [['baseline router', o.baseline] as const] : [])] as const) {
+      const router = await cluster.router(entry)
+      rows.push(await routerRow(path, router.url))
     }
-    return table(o, [direct, routerRow])
+    return table(o, rows)
   } finally {
     await cluster.stop()
     await agent.close()
@@ -111,6 +128,9 @@ function table(o: OverloadOptions, rows: Row[]): string {
     return `| ${r.path} | ${sorted.length} | ${f(sorted.length / r.load.wallSeconds, 1)} | ${f(percentile(sorted, 50))} / ${f(percentile(sorted, 99))} / ${f(mean(sorted))} | ${tooMany} | ${other} | ${state} |`
   })
   const ratio = (rows[1]?.load.latenciesMs.length ?? 0) / Math.max(1, rows[0]?.load.latenciesMs.length ?? 0)
+  const why = rows
+    .filter((r) => r.failures.size > 0)
+    .map((r) => `- ${r.path} failures: ${[...r.failures].map(([m, n]) => `${n} × ${m}`).join('; ')}`)
   return [
     `Machine: ${cpus().length} × ${cpus()[0]?.model ?? 'cpu'}, ${(totalmem() / 2 ** 30).toFixed(0)} GiB, Node ${process.version}. 1 P + 1 D simulator (--kv none), decode ${o.decodeDelayMs} ms/token; ${o.concurrency} concurrent streamed chat requests of ${o.maxTokens} tokens for ${o.seconds} s per path, one path after the other; router with default limits (cap 256 per instance, queue 1024).`,
     '',
@@ -119,6 +139,7 @@ function table(o: OverloadOptions, rows: Row[]): string {
     ...lines,
     '',
     `Router completed ${f(ratio * 100)}% of the direct client's requests in the same time.`,
+    ...(why.length ? ['', ...why] : []),
     '',
   ].join('\n')
 }

@@ -178,3 +178,18 @@ t.test('nothing is retried once the engine got the request (a 5xx)', async (t) =
   t.equal(calls, 1)
   t.ok(app.topology.snapshot().instances[0]?.healthy, "an engine's 5xx for a bad input does not eject it")
 })
+
+t.test('single-instance mode: a refused connection is retried once on another instance', async (t) => {
+  await post(`${d.url}/sim/requests/clear`, {})
+  const both = await startSim(t, ['--role', 'both', '--seed', '33'])
+  const { url } = await startRouter(
+    t,
+    [
+      { id: 'b-dead', role: 'both', url: await deadPort() },
+      { id: 'b-live', role: 'both', url: both.url },
+    ],
+    { probe: false },
+  )
+  for (let i = 0; i < 4; i++) t.equal((await post(`${url}/v1/completions`, { model: MODEL, prompt: `single ${i}`, max_tokens: 2 })).status, 200)
+  t.equal((await simRequests(both)).filter((r) => r.path === '/v1/completions').length, 4)
+})

@@ -71,3 +71,25 @@ t.test('power of two choices prefers the less loaded of two', async (t) => {
   for (let i = 0; i < 100; i++) seen.add(pickLeastLoaded(three, rnd)?.id ?? '')
   t.same([...seen].sort(), ['a', 'b', 'c'])
 })
+
+t.test('capacity picks among healthy instances but never changes the mode', async (t) => {
+  const cap = { cap: 2 }
+  const busyP = snap([inst('p', 'prefill', { inflight: 2 }), inst('d', 'decode')])
+  t.same(selectRoute(busyP, 'm', all, seededRandom(1), cap), { mode: 'full', of: 'pd' }, 'a full prefiller queues; it does not fall back to a single leg')
+  const busyD = snap([inst('p', 'prefill'), inst('d', 'decode', { inflight: 5 })])
+  t.same(selectRoute(busyD, 'm', all, seededRandom(1), cap), { mode: 'full', of: 'pd' })
+  const oneFree = selectRoute(snap([inst('p', 'prefill'), inst('d1', 'decode', { inflight: 2 }), inst('d2', 'decode', { inflight: 1 })]), 'm', all, seededRandom(3), cap)
+  t.same(oneFree && oneFree.mode === 'pd' ? oneFree.decode.id : oneFree, 'd2', 'the decoder with room')
+  t.same(selectRoute(snap([inst('b', 'both', { inflight: 2 })]), 'm', all, seededRandom(1), cap), { mode: 'full', of: 'single' })
+  t.equal(selectRoute(snap([inst('b', 'both', { healthy: false })]), 'm', all, seededRandom(1), cap), undefined, 'no healthy instance is no route, not full')
+})
+
+t.test('excluded instances are skipped (a retry after a refused connection)', async (t) => {
+  const s = snap([inst('p1', 'prefill'), inst('p2', 'prefill'), inst('d', 'decode')])
+  for (let seed = 0; seed < 10; seed++) {
+    const r = selectRoute(s, 'm', all, seededRandom(seed), { cap: 10, exclude: new Set(['p1']) })
+    t.equal(r && r.mode === 'pd' ? r.prefill.id : r, 'p2')
+  }
+  const only = selectRoute(snap([inst('p1', 'prefill'), inst('d', 'decode')]), 'm', all, seededRandom(1), { cap: 10, exclude: new Set(['p1']) })
+  t.equal(only?.mode, 'single', 'with its only prefiller excluded the healthy decoder serves alone')
+})

@@ -99,13 +99,16 @@ export class Admission {
     return d
   }
 
-  /** A whole new route avoiding `exclude` (an instance that refused), acquired, without queueing. */
-  retryRoute(model: string, exclude: ReadonlySet<string>): Route | undefined {
+  /**
+   * A new route of the same mode avoiding `exclude` (an instance that refused), acquired,
+   * without queueing: a retry never waits and never changes how a request is served.
+   */
+  retryRoute<M extends Route['mode']>(model: string, exclude: ReadonlySet<string>, mode: M): (Route & { mode: M }) | undefined {
     const { registry, pairing, random, cap } = this.#o
     const sel = selectRoute(registry.snapshot(), model, pairing, random, { cap, exclude })
-    if (!sel || sel.mode === 'full') return undefined
+    if (!sel || sel.mode !== mode) return undefined
     this.#acquire(sel)
-    return sel
+    return sel as Route & { mode: M }
   }
 
   close(): void {

@@ -33,6 +33,9 @@ export type Answer =
   | { kind: 'upstream'; handoff: Handoff; call: UpstreamCall; answer: UpstreamAnswer }
   | { kind: 'engine-error'; handoff: Handoff; status: number; contentType: string; body: Buffer }
 
+type PdRoute = Route & { mode: 'pd' }
+type Prefilled = { params: Body | undefined } | { status: number; contentType: string; body: Buffer }
+
 const JSON_TYPE = 'application/json'
 
 /**
@@ -49,67 +52,81 @@ export class HandoffRunner {
   }
 
   async run(ex: Exchange, body: Body, path: string): Promise<Answer> {
-    const { admission, clock, metrics } = this.#d
     const model = body.model as string
     const h = ex.handoff(`hnd-${this.#d.random.hex(12)}`)
-    let route = await admission.admit({ model, signal: ex.signal, onMode: (m) => (ex.mode = m) })
+    const route = await this.#d.admission.admit({ model, signal: ex.signal, onMode: (m) => (ex.mode = m) })
     ex.hold(route)
     const headers: Record<string, string> = { 'content-type': JSON_TYPE, 'x-request-id': h.engineRequestId }
     if (this.#d.upstreamApiKey) headers.authorization = `Bearer ${this.#d.upstreamApiKey}`
+    if (route.mode === 'single') return this.#decode(ex, h, route, route.target, decodeBody(body, undefined), path, headers)
 
-    let params: Body | undefined
-    let decoder: InstanceView
-    if (route.mode === 'pd') {
-      const started = clock.monotonic()
-      const [pd, prefilled] = await this.#withRetry(ex, route, model, (r) => this.prefill(ex, h, r.prefill, body, path, headers))
-      route = pd
-      ex.release(pd.prefill.id)
-      metrics.prefillDuration.observe((clock.monotonic() - started) / 1000)
-      if ('status' in prefilled) return { kind: 'engine-error', handoff: h, ...prefilled }
-      params = prefilled.params
-      if (params) h.issue(params, pd.prefill.id, pd.decode.id)
-      decoder = pd.decode
-    } else {
-      decoder = route.target
-    }
+    const { clock, metrics } = this.#d
+    const started = clock.monotonic()
+    const [pd, prefilled] = await this.#prefillWithRetry(ex, h, route, body, path, headers)
+    ex.release(pd.prefill.id)
     const prefillDone = clock.monotonic()
-    const call = (d: InstanceView): UpstreamCall => ({
-      target: d,
+    metrics.prefillDuration.observe((prefillDone - started) / 1000)
+    if ('status' in prefilled) return { kind: 'engine-error', handoff: h, ...prefilled }
+    if (prefilled.params) h.issue(prefilled.params, pd.prefill.id, pd.decode.id)
+    const answer = await this.#decode(ex, h, pd, pd.decode, decodeBody(body, prefilled.params), path, headers)
+    metrics.handoffGap.observe((clock.monotonic() - prefillDone) / 1000)
+    return answer
+  }
+
+  /** The decode leg (or the one leg of a single route) up to D's response head. */
+  async #decode(ex: Exchange, h: Handoff, route: Route, d: InstanceView, body: Body, path: string, headers: Record<string, string>): Promise<Answer> {
+    const payload = JSON.stringify(body)
+    const call = (target: InstanceView): UpstreamCall => ({
+      target,
       leg: route.mode === 'pd' ? 'decode' : 'single',
       path,
-      payload: JSON.stringify(decodeBody(body, params)),
+      payload,
       headers,
       signal: ex.signal,
       headersTimeoutMs: this.#d.timeouts.decodeHeadersMs,
       bodyTimeoutMs: this.#d.timeouts.idleMs,
     })
-    let c = call(decoder)
+    let c = call(d)
     let answer: UpstreamAnswer
     try {
       answer = await this.#d.upstream.send(c)
     } catch (err) {
       // D refused the connection: it never saw P's params, so another decoder may use them.
-      const other = err instanceof LegFailure && err.retryable ? this.#otherDecoder(ex, route, model, decoder) : undefined
+      const other = err instanceof LegFailure && err.retryable ? this.#otherDecoder(ex, route, body.model as string, d) : undefined
       if (!other) throw this.#decodeFailed(h, err)
-      ex.release(decoder.id)
+      ex.release(d.id)
       h.redirect(other.id)
       c = call(other)
       answer = await this.#d.upstream.send(c).catch((e: unknown) => Promise.reject(this.#decodeFailed(h, e)))
     }
     h.reading()
-    if (route.mode === 'pd') metrics.handoffGap.observe((clock.monotonic() - prefillDone) / 1000)
     return { kind: 'upstream', handoff: h, call: c, answer }
   }
 
-  /** The prefill leg: P's params (undefined when it could not hold the blocks), or its own 4xx. */
-  async prefill(
+  /** The prefill leg; a refused connection moves the request once to another pair. */
+  async #prefillWithRetry(
     ex: Exchange,
     h: Handoff,
-    p: InstanceView,
+    route: PdRoute,
     body: Body,
     path: string,
     headers: Record<string, string>,
-  ): Promise<{ params: Body | undefined } | { status: number; contentType: string; body: Buffer }> {
+  ): Promise<[PdRoute, Prefilled]> {
+    try {
+      return [route, await this.#prefill(ex, h, route.prefill, body, path, headers)]
+    } catch (err) {
+      if (!(err instanceof LegFailure) || !err.retryable) throw err
+      const other = this.#d.admission.retryRoute(body.model as string, new Set([route.prefill.id]), 'pd')
+      if (!other) throw err
+      ex.hold(other)
+      ex.release(route.prefill.id)
+      ex.release(route.decode.id)
+      return [other, await this.#prefill(ex, h, other.prefill, body, path, headers)]
+    }
+  }
+
+  /** One prefill call: P's params (undefined when it could not hold the blocks), or its own 4xx. */
+  async #prefill(ex: Exchange, h: Handoff, p: InstanceView, body: Body, path: string, headers: Record<string, string>): Promise<Prefilled> {
     const { upstream, metrics, registry } = this.#d
     const call: UpstreamCall = {
       target: p,
@@ -146,21 +163,6 @@ export class HandoffRunner {
     return { params: params as Body }
   }
 
-  /** Runs a prefill leg; a refused connection moves the request once to another pair. */
-  async #withRetry<T>(ex: Exchange, route: Route & { mode: 'pd' }, model: string, leg: (r: Route & { mode: 'pd' }) => Promise<T>): Promise<[Route & { mode: 'pd' }, T]> {
-    try {
-      return [route, await leg(route)]
-    } catch (err) {
-      if (!(err instanceof LegFailure) || !err.retryable) throw err
-      const other = this.#d.admission.retryRoute(model, new Set([route.prefill.id]))
-      if (!other || other.mode !== 'pd') throw err
-      ex.release(route.prefill.id)
-      ex.release(route.decode.id)
-      ex.hold(other)
-      return [other, await leg(other)]
-    }
-  }
-
   #otherDecoder(ex: Exchange, route: Route, model: string, failed: InstanceView): InstanceView | undefined {
     const exclude = new Set([failed.id])
     if (route.mode === 'pd') {
@@ -168,17 +170,9 @@ export class HandoffRunner {
       if (d) ex.holdInstance(d.id)
       return d
     }
-    const other = this.#d.admission.retryRoute(model, exclude)
-    if (!other) return undefined
-    if (other.mode !== 'single') {
-      // Only a whole P/D route was free: give it back rather than change the request's mode.
-      ex.hold(other)
-      ex.release(other.prefill.id)
-      ex.release(other.decode.id)
-      return undefined
-    }
-    ex.hold(other)
-    return other.target
+    const other = this.#d.admission.retryRoute(model, exclude, 'single')
+    if (other) ex.hold(other)
+    return other?.target
   }
 
   #decodeFailed(h: Handoff, err: unknown): unknown {

@@ -59,6 +59,7 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   exports.Set("mapShared", Napi::Function::New<MapShared>(env, "mapShared"));
   exports.Set("unmapShared", Napi::Function::New<UnmapShared>(env, "unmapShared"));
   exports.Set("unlinkShared", Napi::Function::New<UnlinkShared>(env, "unlinkShared"));
+  exports.Set("pinShared", Napi::Function::New<PinShared>(env, "pinShared"));
   exports.Set("bufferAddress", Napi::Function::New<BufferAddress>(env, "bufferAddress"));
   return exports;
 }

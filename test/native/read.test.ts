@@ -132,16 +132,21 @@ t.test('two-process READs over UCX', { skip }, async (t) => {
     t.ok(outcome === 'completed' || outcome === 'NAT_ERR_XFER_CANCELED', `in-flight cancel: ${outcome}`)
   })
 
-  await t.test('invalidate, then read -> coded error', async (t) => {
+  await t.test('forgetPeer, then read -> NAT_ERR_PEER_GONE; reload and read again', async (t) => {
     const region = regions.get(4096)
     if (!region) throw new Error('missing region')
-    await reader.invalidatePeer(peer)
-    t.equal(await reader.checkPeer(peer), false, 'peer gone after invalidate')
+    await reader.forgetPeer(peer)
+    t.equal(await reader.checkPeer(peer), false, 'peer gone after forgetPeer')
     await t.rejects(
       reader.read(peer, [{ addr: localAddr, len: 4096 }], [{ addr: region.addr, len: 4096 }], { timeoutMs: 5000 }),
-      { code: 'NAT_ERR_PEER_UNKNOWN' },
+      { code: 'NAT_ERR_PEER_GONE' },
     )
-    await t.rejects(reader.invalidatePeer(peer), { code: 'NAT_ERR_PEER_UNKNOWN' }, 'second invalidate')
+    await reader.forgetPeer(peer) // idempotent
+    await t.rejects(
+      reader.read('never-loaded', [{ addr: localAddr, len: 4096 }], [{ addr: region.addr, len: 4096 }]),
+      { code: 'NAT_ERR_PEER_UNKNOWN' },
+      'a peer never loaded is unknown, not gone',
+    )
     // And back: reload, read again.
     t.equal(await reader.loadRemoteMetadata(Buffer.from(lastMd, 'base64')), peer)
     const res = await reader.read(peer, [{ addr: localAddr, len: 4096 }], [{ addr: region.addr, len: 4096 }])

@@ -25,14 +25,21 @@ struct Mapping {
   // NIXL registrations over this mapping (pinShared). While any exists, unmapShared refuses:
   // a READ may be writing into the pages (issue #7, item 2).
   int pins = 0;
+  // Which mapping this is. After unmapShared the kernel may hand the same address to the next
+  // mmap; the old ArrayBuffer's finalizer (it runs at some later GC) must then leave the new
+  // mapping alone instead of unmapping it.
+  uint64_t generation = 0;
 };
+uint64_t g_next_generation = 1;
 std::mutex g_maps_mutex;
 std::map<void*, Mapping> g_maps;
 
-bool Forget(void* addr, Mapping* out) {
+// generation 0: whichever mapping is at addr.
+bool Forget(void* addr, Mapping* out, uint64_t generation = 0) {
   std::lock_guard<std::mutex> lock(g_maps_mutex);
   auto it = g_maps.find(addr);
   if (it == g_maps.end()) return false;
+  if (generation != 0 && it->second.generation != generation) return false;
   *out = it->second;
   g_maps.erase(it);
   return true;
@@ -108,13 +115,15 @@ Napi::Value MapShared(const Napi::CallbackInfo& info) {
   const int map_err = errno;
   ::close(fd);  // the mapping keeps the object alive
   if (addr == MAP_FAILED) throw ShmError(env, "mmap " + name, map_err);
+  uint64_t generation = 0;
   {
     std::lock_guard<std::mutex> lock(g_maps_mutex);
-    g_maps[addr] = Mapping{addr, len};
+    generation = g_next_generation++;
+    g_maps[addr] = Mapping{addr, len, 0, generation};
   }
-  return Napi::ArrayBuffer::New(env, addr, len, [](Napi::Env, void* data) {
+  return Napi::ArrayBuffer::New(env, addr, len, [generation](Napi::Env, void* data) {
     Mapping m;
-    if (Forget(data, &m)) ::munmap(m.addr, m.len);
+    if (Forget(data, &m, generation)) ::munmap(m.addr, m.len);
   });
 }
 

@@ -4,7 +4,7 @@ import { fork, type ChildProcess } from 'node:child_process'
 import { once } from 'node:events'
 import { join } from 'node:path'
 import { packageRoot } from '../../common/paths.js'
-import { createAgent, loadNixl, type NixlAgent, type NixlInfo } from '../../native/index.js'
+import { createAgent, loadNixl, type AgentOptions, type NixlAgent, type NixlInfo } from '../../native/index.js'
 
 export const ci = process.env.CI === 'true' || process.env.CI === '1'
 
@@ -143,8 +143,8 @@ export function withTimeout<T>(p: Promise<T>, ms: number, what: string): Promise
 }
 
 /** The reader side: an agent in the test process with the UCX backend. */
-export async function readerAgent(name: string): Promise<NixlAgent> {
-  const agent = await createAgent(name)
+export async function readerAgent(name: string, opts: AgentOptions = {}): Promise<NixlAgent> {
+  const agent = await createAgent(name, opts)
   await agent.createBackend('UCX', {})
   return agent
 }

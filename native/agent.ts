@@ -308,11 +308,14 @@ export class NixlAgent extends EventEmitter<Events> {
    * Idempotent; an unknown engine_id is a no-op.
    */
   forgetPeer(engineId: string): Promise<void> {
+    // Marked now, not when the serialized release starts: a READ issued right after this
+    // call must already fail.
+    const st = this.#peers.get(engineId)
+    if (!st) return Promise.resolve()
+    this.#gone.add(engineId)
+    st.releasing = true
     return this.#serial(async () => {
-      const st = this.#peers.get(engineId)
-      if (!st) return
-      this.#gone.add(engineId)
-      await this.#release(st)
+      if (this.#peers.get(engineId) === st) await this.#release(st)
     })
   }
 

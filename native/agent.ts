@@ -1,6 +1,6 @@
 // NixlAgent: one NIXL agent, its registrations, its peers (by engine_id) and its READs.
 import { EventEmitter } from 'node:events'
-import { call, native, type NativeAgentHandle, type NativeStats, type ReadOutcome } from './binding.js'
+import { call, native, type NativeAgentHandle, type NativeEventFn, type NativeStats, type ReadOutcome } from './binding.js'
 import {
   KIND_CODE,
   Registration,
@@ -195,17 +195,10 @@ export class NixlAgent extends EventEmitter<Events> {
   /** @internal use {@link createAgent} */
   static async create(name: string, opts: AgentOptions = {}): Promise<NixlAgent> {
     if (!name) throw nativeError('NAT_ERR_INVALID_ARG', 'agent name must not be empty')
-    // The thread-safe function keeps this callback alive for the agent's whole life; holding
-    // the agent only weakly lets a dropped agent be collected (issue #7, item 3).
-    let weak: WeakRef<NixlAgent> | undefined
-    const handle = new (native().NativeAgent)((kind, a, b) => {
-      const self = weak?.deref()
-      if (!self) return
-      if (kind === 'quiesced') self.#quiesced(a as number)
-      else self.#deliver(a as string, b ?? Buffer.alloc(0))
-    })
+    const slot: { ref?: WeakRef<NixlAgent> } = {}
+    const handle = new (native().NativeAgent)(NixlAgent.#eventsTo(slot))
     const self = new NixlAgent(name, handle, opts.notificationBuffer ?? 1024)
-    weak = new WeakRef(self)
+    slot.ref = new WeakRef(self)
     dropped.register(self, self.#shmPinned, self)
     await call(() =>
       handle.create(
@@ -219,6 +212,20 @@ export class NixlAgent extends EventEmitter<Events> {
       ),
     )
     return self
+  }
+
+  // The native callback. The thread-safe function keeps it alive (a GC root) for the agent's
+  // whole life, so it must reach neither the agent nor its native handle strongly, or a
+  // dropped agent is never collected (issue #7, item 3). It is built here, in a scope that
+  // holds nothing else, because a closure keeps every variable of its scope that any sibling
+  // closure captures (in create(), the handle).
+  static #eventsTo(slot: { ref?: WeakRef<NixlAgent> }): NativeEventFn {
+    return (kind, a, b) => {
+      const self = slot.ref?.deref()
+      if (!self) return
+      if (kind === 'quiesced') self.#quiesced(a as number)
+      else self.#deliver(a as string, b ?? Buffer.alloc(0))
+    }
   }
 
   listPlugins(): Promise<string[]> {

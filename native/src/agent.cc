@@ -183,7 +183,10 @@ NativeAgent::~NativeAgent() {
   closed_ = true;
   Shutdown();
   if (bridge_ != nullptr) bridge_->owner = nullptr;
-  if (!tsfn_released_) {
+  // At process exit Node closes every thread-safe function itself, in an order of its own, and
+  // runs the remaining ObjectWrap finalizers from inside that: releasing then touched a
+  // function already torn down and aborted the process (seen with three live agents at exit).
+  if (!tsfn_released_ && !ProcessExiting()) {
     tsfn_.Release();
     tsfn_released_ = true;
   }

@@ -199,6 +199,7 @@ std::optional<Failure> NativeAgent::Unusable() const {
 }
 
 Napi::Promise NativeAgent::RunLocked(Napi::Env env, const char* name, LockedFn body, OneShot::ResolveFn resolve) {
+  if (auto bad = Unusable()) return Rejected(env, *bad);
   return OneShot::Run(env, Value(), name,
       [this, body = std::move(body)]() -> std::optional<Failure> {
         const SymbolTable& api = *Nixl();
@@ -253,7 +254,6 @@ Napi::Value NativeAgent::Create(const Napi::CallbackInfo& info) {
 
 Napi::Value NativeAgent::ListPlugins(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
-  if (auto bad = Unusable()) return Rejected(env, *bad);
   auto names = std::make_shared<std::vector<std::string>>();
   return RunLocked(env, "nixl.listPlugins",
       [this, names](const SymbolTable& api) -> std::optional<Failure> {
@@ -269,7 +269,6 @@ Napi::Value NativeAgent::ListPlugins(const Napi::CallbackInfo& info) {
 
 Napi::Value NativeAgent::PluginParams(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
-  if (auto bad = Unusable()) return Rejected(env, *bad);
   std::string plugin = StringArg(info, 0, "plugin name");
   auto pairs = std::make_shared<ParamPairs>();
   auto mems = std::make_shared<std::vector<std::string>>();
@@ -301,7 +300,6 @@ Napi::Value NativeAgent::PluginParams(const Napi::CallbackInfo& info) {
 // createBackend(plugin, params: Record<string, string>) -> Promise<{mems, params}>
 Napi::Value NativeAgent::CreateBackend(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
-  if (auto bad = Unusable()) return Rejected(env, *bad);
   std::string plugin = StringArg(info, 0, "plugin name");
   ParamPairs input;
   if (info.Length() > 1 && info[1].IsObject()) {
@@ -368,7 +366,6 @@ Napi::Value NativeAgent::DeregisterMem(const Napi::CallbackInfo& info) { return 
 // JS memory referenced while it is registered.
 Napi::Value NativeAgent::MemoryCall(const Napi::CallbackInfo& info, bool do_register) {
   Napi::Env env = info.Env();
-  if (auto bad = Unusable()) return Rejected(env, *bad);
   MemType kind = KindArg(info, 0);
   std::vector<uint64_t> triples = TriplesArg(info, 1, "descriptors");
   return RunLocked(env, do_register ? "nixl.registerMem" : "nixl.deregisterMem",
@@ -397,7 +394,6 @@ Napi::Value NativeAgent::MemoryCall(const Napi::CallbackInfo& info, bool do_regi
 
 Napi::Value NativeAgent::LocalMetadata(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
-  if (auto bad = Unusable()) return Rejected(env, *bad);
   auto blob = std::make_shared<std::string>();
   return RunLocked(env, "nixl.localMetadata",
       [this, blob](const SymbolTable& api) -> std::optional<Failure> {
@@ -414,7 +410,6 @@ Napi::Value NativeAgent::LocalMetadata(const Napi::CallbackInfo& info) {
 
 Napi::Value NativeAgent::LoadRemoteMetadata(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
-  if (auto bad = Unusable()) return Rejected(env, *bad);
   if (info.Length() < 1 || !info[0].IsBuffer()) throw ArgError(env, "metadata must be a Buffer");
   auto b = info[0].As<Napi::Buffer<char>>();
   if (b.Length() == 0) throw ArgError(env, "metadata must not be empty");
@@ -446,7 +441,6 @@ Napi::Value NativeAgent::LoadRemoteMetadata(const Napi::CallbackInfo& info) {
 
 Napi::Value NativeAgent::InvalidatePeer(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
-  if (auto bad = Unusable()) return Rejected(env, *bad);
   std::string peer = StringArg(info, 0, "peer name");
   return RunLocked(env, "nixl.invalidatePeer",
       [this, peer](const SymbolTable& api) -> std::optional<Failure> {
@@ -481,7 +475,6 @@ Napi::Value NativeAgent::InvalidatePeer(const Napi::CallbackInfo& info) {
 
 Napi::Value NativeAgent::CheckPeer(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
-  if (auto bad = Unusable()) return Rejected(env, *bad);
   std::string peer = StringArg(info, 0, "peer name");
   auto present = std::make_shared<bool>(false);
   return RunLocked(env, "nixl.checkPeer",
@@ -503,7 +496,6 @@ Napi::Value NativeAgent::CheckPeer(const Napi::CallbackInfo& info) {
 
 Napi::Value NativeAgent::GenNotif(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
-  if (auto bad = Unusable()) return Rejected(env, *bad);
   std::string peer = StringArg(info, 0, "peer name");
   std::optional<std::string> msg = OptionalBytes(info, 1);
   if (!msg) throw ArgError(env, "notification must be a Buffer");
@@ -526,7 +518,6 @@ Napi::Value NativeAgent::GenNotif(const Napi::CallbackInfo& info) {
 // per peer saves NIXL the per-request descriptor lookups of create_xfer_req.
 Napi::Value NativeAgent::PrepList(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
-  if (auto bad = Unusable()) return Rejected(env, *bad);
   if (info.Length() < 1 || !info[0].IsString()) throw ArgError(env, "peer name must be a string ('' for local)");
   std::string peer = info[0].As<Napi::String>().Utf8Value();
   MemType kind = KindArg(info, 1);
@@ -561,7 +552,6 @@ Napi::Value NativeAgent::PrepList(const Napi::CallbackInfo& info) {
 
 Napi::Value NativeAgent::ReleaseList(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
-  if (auto bad = Unusable()) return Rejected(env, *bad);
   if (info.Length() < 1 || !info[0].IsNumber()) throw ArgError(env, "list id must be a number");
   const uint32_t id = info[0].As<Napi::Number>().Uint32Value();
   return RunLocked(env, "nixl.releaseList",

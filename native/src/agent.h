@@ -135,12 +135,12 @@ class NativeAgent : public Napi::ObjectWrap<NativeAgent> {
   Napi::Value Close(const Napi::CallbackInfo& info);
 
   Napi::Value MemoryCall(const Napi::CallbackInfo& info, bool do_register);
-  // The shape every one-shot NIXL call but create shares: `body` runs on a libuv worker under
-  // nixl_mu_, and only while the NIXL agent exists (NAT_ERR_AGENT_CLOSED otherwise).
+  // The shape every one-shot NIXL call but create shares, prologue included: a rejected
+  // promise after close() or before NIXL is loaded; otherwise `body` runs on a libuv worker
+  // under nixl_mu_, and only while the NIXL agent exists (NAT_ERR_AGENT_CLOSED otherwise).
   using LockedFn = std::function<std::optional<Failure>(const SymbolTable& api)>;
   Napi::Promise RunLocked(Napi::Env env, const char* name, LockedFn body, OneShot::ResolveFn resolve);
-  // The prologue of every one-shot method: a rejected promise after close() or before NIXL is
-  // loaded, otherwise nothing.
+  // Why a call cannot run now (closed, or NIXL not loaded), if it cannot.
   std::optional<Failure> Unusable() const;
   // Common tail of Read and ReadPrepared: deadline, promise, keep-alive, queueing.
   Napi::Value Submit(Napi::Env env, std::unique_ptr<PendingRead> r, double timeout_ms);

@@ -1,7 +1,8 @@
 // `handoff bench nixl [--quick]`: NIXL READ bandwidth and per-request latency between two
 // processes on this machine, over UCX, for a grid of block sizes and batch sizes (descriptors
-// per request), beside a memcpy baseline measured in the same run, for several UCX_TLS
-// settings. Prints one JSON object per line.
+// per request), each READ built per request (create_xfer_req) and, for batches, from lists
+// prepared once (prep_xfer_dlist + make_xfer_req by block index), beside a memcpy baseline
+// measured in the same run, for several UCX_TLS settings. Prints one JSON object per line.
 //
 // Each UCX_TLS variant gets a fresh target process and a fresh reader agent: UCX reads its
 // environment when a backend (UCP context) is created.
@@ -16,6 +17,8 @@ import {
   type Descriptor,
   type NixlAgent,
   type NixlInfo,
+  type PreparedBlocks,
+  type Registration,
 } from '../native/index.js'
 
 const KiB = 1024
@@ -25,9 +28,13 @@ const TARGET_FLAG = '--nixl-bench-target'
 
 export interface NixlBenchRow {
   bench: 'nixl'
+  /** 'read': NIXL READs; 'memcpy': the same bytes and layout copied in this process. */
+  op: 'read' | 'memcpy'
   ucx_tls: string
   block_bytes: number
   batch: number
+  /** READ made from prepared descriptor lists (make_xfer_req) instead of create_xfer_req. */
+  prepared: boolean
   iters: number
   /** READ bandwidth, 1e9 bytes per second, wall time over all requests of the cell. */
   gbps: number
@@ -41,22 +48,52 @@ export interface NixlBenchRow {
   plugin: string
 }
 
+interface Cell {
+  block: number
+  batch: number
+  prepared: boolean
+}
+
 interface Plan {
   variants: string[]
-  blocks: number[]
-  batches: number[]
+  cells: Cell[]
   /** Time spent per cell once warmed up, and a cap on requests. */
   cellMs: number
   maxIters: number
 }
 
+function grid(blocks: number[], batches: number[]): Cell[] {
+  const cells: Cell[] = []
+  for (const block of blocks) {
+    for (const batch of batches) {
+      if (block * batch > REGION) continue
+      cells.push({ block, batch, prepared: false })
+      // A prepared list only pays off with several blocks per request.
+      if (batch > 1) cells.push({ block, batch, prepared: true })
+    }
+  }
+  return cells
+}
+
+// The rows the KV path cares about, in every plan: a 16 MiB request as 1,024 × 16 KiB blocks
+// (prepared and not) beside the same bytes as one 16 MiB READ.
+const KV_CELLS: Cell[] = [
+  { block: 16 * MiB, batch: 1, prepared: false },
+  { block: 16 * KiB, batch: 1024, prepared: false },
+  { block: 16 * KiB, batch: 1024, prepared: true },
+]
+
 function plan(quick: boolean): Plan {
   return quick
-    ? { variants: ['default', 'tcp'], blocks: [16 * KiB, 256 * KiB, 4 * MiB], batches: [1, 64, 1024], cellMs: 250, maxIters: 200 }
+    ? {
+        variants: ['default', 'tcp'],
+        cells: [...KV_CELLS, ...grid([16 * KiB, 256 * KiB], [1, 64])],
+        cellMs: 250,
+        maxIters: 200,
+      }
     : {
         variants: ['default', 'tcp', 'sm,tcp', 'cma,tcp'],
-        blocks: [16 * KiB, 64 * KiB, 256 * KiB, MiB, 4 * MiB],
-        batches: [1, 4, 16, 64, 256, 1024],
+        cells: [...KV_CELLS, ...grid([16 * KiB, 64 * KiB, 256 * KiB, MiB, 4 * MiB], [1, 4, 16, 64, 256, 1024])],
         cellMs: 1000,
         maxIters: 2000,
       }
@@ -146,34 +183,48 @@ async function stopTarget(t: TargetHandle): Promise<void> {
   clearTimeout(timer)
 }
 
+interface Lists {
+  local: PreparedBlocks
+  remote: PreparedBlocks
+}
+
 async function runCell(
   reader: NixlAgent,
   peer: string,
   local: Buffer,
+  reg: Registration,
   expected: Buffer,
   remoteBase: bigint,
-  block: number,
-  batch: number,
+  cell: Cell,
   p: Plan,
-): Promise<Omit<NixlBenchRow, 'bench' | 'ucx_tls' | 'nixl_version' | 'plugin'>> {
-  const localBase = addressOf(local)
-  const ld: Descriptor[] = []
-  const rd: Descriptor[] = []
-  for (let i = 0; i < batch; i++) {
-    ld.push({ addr: localBase + BigInt(i * block), len: block })
-    rd.push({ addr: remoteBase + BigInt(i * block), len: block })
-  }
-  const lp = packDescriptors(ld)
-  const rp = packDescriptors(rd)
+  lists: (block: number) => Promise<Lists>,
+): Promise<{ read: CellResult; memcpy: CellResult }> {
+  const { block, batch } = cell
   const bytes = block * batch
+  let readOnce: () => Promise<unknown>
+  if (cell.prepared) {
+    const { local: l, remote: r } = await lists(block)
+    const idx = Int32Array.from({ length: batch }, (_, i) => i)
+    readOnce = () => reader.readBlocks(peer, l, idx, r, idx, { timeoutMs: 30_000 })
+  } else {
+    const ld: Descriptor[] = []
+    const rd: Descriptor[] = []
+    for (let i = 0; i < batch; i++) {
+      ld.push(reg.slice(i * block, block))
+      rd.push({ addr: remoteBase + BigInt(i * block), len: block })
+    }
+    const lp = packDescriptors(ld)
+    const rp = packDescriptors(rd)
+    readOnce = () => reader.read(peer, lp, rp, { timeoutMs: 30_000 })
+  }
   local.fill(0, 0, bytes)
-  await reader.read(peer, lp, rp, { timeoutMs: 30_000 }) // warm-up: connection, rkeys, caches
+  await readOnce() // warm-up: connection, rkeys, caches
   const lat: number[] = []
   const start = process.hrtime.bigint()
   const budget = BigInt(p.cellMs) * 1_000_000n
   while (lat.length < p.maxIters && process.hrtime.bigint() - start < budget) {
     const t0 = process.hrtime.bigint()
-    await reader.read(peer, lp, rp, { timeoutMs: 30_000 })
+    await readOnce()
     lat.push(Number(process.hrtime.bigint() - t0) / 1000)
   }
   const elapsedS = Number(process.hrtime.bigint() - start) / 1e9
@@ -182,26 +233,45 @@ async function runCell(
   // memcpy baseline over the same bytes and block layout, timed the same way.
   const src = expected
   const dst = Buffer.alloc(bytes) // zero-filled: page faults happen here, not in the timing
-  let copies = 0
+  const mlat: number[] = []
   const m0 = process.hrtime.bigint()
-  while (copies < lat.length || process.hrtime.bigint() - m0 < budget / 4n) {
+  while (mlat.length < Math.max(lat.length, 1) || process.hrtime.bigint() - m0 < budget / 4n) {
+    const t0 = process.hrtime.bigint()
     for (let i = 0; i < batch; i++) src.copy(dst, i * block, i * block, (i + 1) * block)
-    copies++
-    if (copies > 100_000) break
+    mlat.push(Number(process.hrtime.bigint() - t0) / 1000)
+    if (mlat.length > 100_000) break
   }
   const memS = Number(process.hrtime.bigint() - m0) / 1e9
   lat.sort((a, b) => a - b)
+  mlat.sort((a, b) => a - b)
+  const memcpyGbps = Number(((bytes * mlat.length) / memS / 1e9).toFixed(3))
   return {
-    block_bytes: block,
-    batch,
-    iters: lat.length,
-    gbps: Number(((bytes * lat.length) / elapsedS / 1e9).toFixed(3)),
-    lat_us_p50: percentile(lat, 50),
-    lat_us_p99: percentile(lat, 99),
-    memcpy_gbps: Number(((bytes * copies) / memS / 1e9).toFixed(3)),
-    verified,
+    read: {
+      block_bytes: block,
+      batch,
+      prepared: cell.prepared,
+      iters: lat.length,
+      gbps: Number(((bytes * lat.length) / elapsedS / 1e9).toFixed(3)),
+      lat_us_p50: percentile(lat, 50),
+      lat_us_p99: percentile(lat, 99),
+      memcpy_gbps: memcpyGbps,
+      verified,
+    },
+    memcpy: {
+      block_bytes: block,
+      batch,
+      prepared: false,
+      iters: mlat.length,
+      gbps: memcpyGbps,
+      lat_us_p50: percentile(mlat, 50),
+      lat_us_p99: percentile(mlat, 99),
+      memcpy_gbps: memcpyGbps,
+      verified: dst.equals(src.subarray(0, bytes)),
+    },
   }
 }
+
+type CellResult = Omit<NixlBenchRow, 'bench' | 'op' | 'ucx_tls' | 'nixl_version' | 'plugin'>
 
 /** Entry point of `handoff bench nixl [--quick]`. */
 export async function runNixlBench(argv: string[]): Promise<void> {
@@ -221,14 +291,28 @@ export async function runNixlBench(argv: string[]): Promise<void> {
       const reader = await createAgent(`bench-reader-${process.pid}-${variant.replace(/\W/g, '_')}`)
       try {
         await reader.createBackend('UCX', {})
-        await reader.registerMemory(local)
+        const reg = await reader.registerMemory(local)
         const peer = await reader.loadRemoteMetadata(target.md)
-        for (const block of p.blocks) {
-          for (const batch of p.batches) {
-            if (block * batch > REGION) continue
-            const cell = await runCell(reader, peer, local, expected, target.addr, block, batch, p)
-            const row: NixlBenchRow = { bench: 'nixl', ucx_tls: variant, ...cell, nixl_version: info.version, plugin: 'UCX' }
-            process.stdout.write(`${JSON.stringify(row)}\n`)
+        // Prepared once per block size and peer, as the transfer agent prepares its KV region.
+        const prepared = new Map<number, Lists>()
+        const lists = async (block: number): Promise<Lists> => {
+          let l = prepared.get(block)
+          if (!l) {
+            l = {
+              local: await reader.prepareLocalBlocks(reg, block),
+              remote: await reader.prepareRemoteBlocks(peer, { addr: target.addr, len: REGION }, block),
+            }
+            prepared.set(block, l)
+          }
+          return l
+        }
+        for (const cell of p.cells) {
+          const out = await runCell(reader, peer, local, reg, expected, target.addr, cell, p, lists)
+          const common = { bench: 'nixl' as const, ucx_tls: variant, nixl_version: info.version, plugin: 'UCX' }
+          process.stdout.write(`${JSON.stringify({ ...common, op: 'read', ...out.read } satisfies NixlBenchRow)}\n`)
+          // memcpy rows once (they do not depend on UCX_TLS), for the KV cells.
+          if (variant === p.variants[0] && !cell.prepared && KV_CELLS.some((k) => k.block === cell.block && k.batch === cell.batch)) {
+            process.stdout.write(`${JSON.stringify({ ...common, op: 'memcpy', ucx_tls: '-', ...out.memcpy } satisfies NixlBenchRow)}\n`)
           }
         }
       } finally {

@@ -7,6 +7,7 @@
         "src/agent.cc",
         "src/common.cc",
         "src/nixl_loader.cc",
+        "src/poller.cc",
         "src/shm.cc"
       ],
       "dependencies": ["<!(node -p \"require('node-addon-api').targets\"):node_addon_api_except"],

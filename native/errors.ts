@@ -34,9 +34,13 @@ export const NAT_ERR_REGISTER = coded('NAT_ERR_REGISTER', 'memory registration f
 export const NAT_ERR_DEREGISTER = coded('NAT_ERR_DEREGISTER', 'memory deregistration failed: %s', 500)
 export const NAT_ERR_METADATA_REJECTED = coded('NAT_ERR_METADATA_REJECTED', 'remote metadata rejected: %s', 502)
 export const NAT_ERR_PEER_UNKNOWN = coded('NAT_ERR_PEER_UNKNOWN', 'peer not loaded: %s', 409)
+export const NAT_ERR_PEER_GONE = coded('NAT_ERR_PEER_GONE', 'peer forgotten: %s', 410)
+export const NAT_ERR_PEER_BUSY = coded('NAT_ERR_PEER_BUSY', 'peer has reads in flight: %s', 409)
+export const NAT_ERR_MEMORY_IN_USE = coded('NAT_ERR_MEMORY_IN_USE', 'memory in use by a transfer: %s', 409)
 export const NAT_ERR_REMOTE_DISCONNECT = coded('NAT_ERR_REMOTE_DISCONNECT', 'peer disconnected: %s', 502)
 export const NAT_ERR_XFER_TIMEOUT = coded('NAT_ERR_XFER_TIMEOUT', 'transfer deadline passed: %s', 504)
 export const NAT_ERR_XFER_CANCELED = coded('NAT_ERR_XFER_CANCELED', 'transfer canceled: %s', 499)
+export const NAT_ERR_XFER_TAINTED = coded('NAT_ERR_XFER_TAINTED', 'aborted transfer not yet quiescent: %s', 502)
 export const NAT_ERR_NIXL_INVALID_PARAM = coded('NAT_ERR_NIXL_INVALID_PARAM', 'NIXL rejected a parameter: %s', 400)
 export const NAT_ERR_NIXL_BACKEND = coded('NAT_ERR_NIXL_BACKEND', 'NIXL backend error: %s', 502)
 export const NAT_ERR_NIXL_INVALID_STATE = coded('NAT_ERR_NIXL_INVALID_STATE', 'NIXL invalid state: %s', 500)
@@ -60,9 +64,13 @@ export const nativeErrors = {
   NAT_ERR_DEREGISTER,
   NAT_ERR_METADATA_REJECTED,
   NAT_ERR_PEER_UNKNOWN,
+  NAT_ERR_PEER_GONE,
+  NAT_ERR_PEER_BUSY,
+  NAT_ERR_MEMORY_IN_USE,
   NAT_ERR_REMOTE_DISCONNECT,
   NAT_ERR_XFER_TIMEOUT,
   NAT_ERR_XFER_CANCELED,
+  NAT_ERR_XFER_TAINTED,
   NAT_ERR_NIXL_INVALID_PARAM,
   NAT_ERR_NIXL_BACKEND,
   NAT_ERR_NIXL_INVALID_STATE,

@@ -53,12 +53,21 @@ Napi::Value LoadedPathJs(const Napi::CallbackInfo& info) {
 }
 
 Napi::Object Init(Napi::Env env, Napi::Object exports) {
+  // process.once('exit'): after it, finalizers run inside Node's own teardown (common.h).
+  Napi::Object process = env.Global().Get("process").As<Napi::Object>();
+  process.Get("once").As<Napi::Function>().Call(
+      process, {Napi::String::New(env, "exit"),
+                Napi::Function::New(env, [](const Napi::CallbackInfo& info) -> Napi::Value {
+                  MarkProcessExiting();
+                  return info.Env().Undefined();
+                })});
   exports.Set("load", Napi::Function::New<Load>(env, "load"));
   exports.Set("loadedPath", Napi::Function::New<LoadedPathJs>(env, "loadedPath"));
   exports.Set("NativeAgent", NativeAgent::Init(env));
   exports.Set("mapShared", Napi::Function::New<MapShared>(env, "mapShared"));
   exports.Set("unmapShared", Napi::Function::New<UnmapShared>(env, "unmapShared"));
   exports.Set("unlinkShared", Napi::Function::New<UnlinkShared>(env, "unlinkShared"));
+  exports.Set("pinShared", Napi::Function::New<PinShared>(env, "pinShared"));
   exports.Set("bufferAddress", Napi::Function::New<BufferAddress>(env, "bufferAddress"));
   return exports;
 }

@@ -10,15 +10,6 @@
 namespace hnx {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-// Liveness probe sent after an ambiguous transfer failure (ClassifyXferError). It starts with
-// a NUL byte so no application message collides with it; receiving addons drop it.
-constexpr char kProbeNotif[] = "\0handoff-nixl-probe";
-constexpr size_t kProbeNotifLen = sizeof(kProbeNotif) - 1;
-
-Failure AgentClosed() { return MakeFailure("NAT_ERR_AGENT_CLOSED", "the NIXL agent is closed"); }
-
 Napi::Promise Rejected(Napi::Env env, const Failure& f) {
   auto d = Napi::Promise::Deferred::New(env);
   d.Reject(ToJsError(env, f).Value());
@@ -116,7 +107,10 @@ Napi::Array StringArray(Napi::Env env, const std::vector<std::string>& items) {
 
 }  // namespace
 
-void DispatchEvent(Napi::Env env, Napi::Function on_notification, Bridge* bridge, Event* raw) {
+Failure AgentClosed() { return MakeFailure("NAT_ERR_AGENT_CLOSED", "the NIXL agent is closed"); }
+
+// The JS callback is onEvent(kind, a, b): ('notification', peer, Buffer) or ('quiesced', id).
+void DispatchEvent(Napi::Env env, Napi::Function on_event, Bridge* bridge, Event* raw) {
   std::unique_ptr<Event> event(raw);
   // env is null while the function is being torn down: only free the data.
   if (env == nullptr || event == nullptr) return;
@@ -132,9 +126,13 @@ void DispatchEvent(Napi::Env env, Napi::Function on_notification, Bridge* bridge
     if (bridge != nullptr && bridge->owner != nullptr) bridge->owner->ReadSettled(env);
     return;
   }
-  if (on_notification.IsEmpty() || !on_notification.IsFunction()) return;
-  on_notification.Call({Napi::String::New(env, event->peer),
-                        Napi::Buffer<char>::Copy(env, event->message.data(), event->message.size())});
+  if (on_event.IsEmpty() || !on_event.IsFunction()) return;
+  if (event->kind == Event::kQuiesced) {
+    on_event.Call({Napi::String::New(env, "quiesced"), Napi::Number::New(env, event->id)});
+    return;
+  }
+  on_event.Call({Napi::String::New(env, "notification"), Napi::String::New(env, event->peer),
+                 Napi::Buffer<char>::Copy(env, event->message.data(), event->message.size())});
 }
 
 void FinalizeBridge(Napi::Env, void*, Bridge* bridge) {
@@ -156,16 +154,22 @@ Napi::Function NativeAgent::Init(Napi::Env env) {
                          InstanceMethod<&NativeAgent::InvalidatePeer>("invalidatePeer"),
                          InstanceMethod<&NativeAgent::CheckPeer>("checkPeer"),
                          InstanceMethod<&NativeAgent::GenNotif>("genNotif"),
+                         InstanceMethod<&NativeAgent::PrepList>("prepList"),
+                         InstanceMethod<&NativeAgent::ReleaseList>("releaseList"),
                          InstanceMethod<&NativeAgent::Read>("read"),
+                         InstanceMethod<&NativeAgent::ReadPrepared>("readPrepared"),
                          InstanceMethod<&NativeAgent::Cancel>("cancel"),
+                         InstanceMethod<&NativeAgent::Stats>("stats"),
                          InstanceMethod<&NativeAgent::Close>("close"),
                      });
 }
 
-// new NativeAgent(onNotification(peer: string, msg: Buffer))
+// new NativeAgent(onEvent(kind, a, b)). The gate passes a function that holds its agent only
+// weakly: the function is a GC root while the thread-safe function lives, and a strong
+// reference back would keep a dropped agent alive forever (issue #7, item 3).
 NativeAgent::NativeAgent(const Napi::CallbackInfo& info) : Napi::ObjectWrap<NativeAgent>(info) {
   Napi::Env env = info.Env();
-  if (info.Length() < 1 || !info[0].IsFunction()) throw ArgError(env, "onNotification must be a function");
+  if (info.Length() < 1 || !info[0].IsFunction()) throw ArgError(env, "onEvent must be a function");
   bridge_ = new Bridge{this};
   tsfn_ = EventTsfn::New(env, info[0].As<Napi::Function>(), "handoff-nixl-events", 0, 1, bridge_,
                          FinalizeBridge, static_cast<void*>(nullptr));
@@ -179,7 +183,10 @@ NativeAgent::~NativeAgent() {
   closed_ = true;
   Shutdown();
   if (bridge_ != nullptr) bridge_->owner = nullptr;
-  if (!tsfn_released_) {
+  // At process exit Node closes every thread-safe function itself, in an order of its own, and
+  // runs the remaining ObjectWrap finalizers from inside that: releasing then touched a
+  // function already torn down and aborted the process (seen with three live agents at exit).
+  if (!tsfn_released_ && !ProcessExiting()) {
     tsfn_.Release();
     tsfn_released_ = true;
   }
@@ -192,6 +199,7 @@ std::optional<Failure> NativeAgent::Unusable() const {
 }
 
 Napi::Promise NativeAgent::RunLocked(Napi::Env env, const char* name, LockedFn body, OneShot::ResolveFn resolve) {
+  if (auto bad = Unusable()) return Rejected(env, *bad);
   return OneShot::Run(env, Value(), name,
       [this, body = std::move(body)]() -> std::optional<Failure> {
         const SymbolTable& api = *Nixl();
@@ -202,7 +210,7 @@ Napi::Promise NativeAgent::RunLocked(Napi::Env env, const char* name, LockedFn b
       std::move(resolve));
 }
 
-// create(name, progThread, syncMode, pthrDelayUs, busyPollUs, idlePollUs) -> Promise<void>
+// create(name, progThread, syncMode, pthrDelayUs, busyPollUs, idlePollUs, quiesceMs) -> Promise<void>
 Napi::Value NativeAgent::Create(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
   if (auto bad = Unusable()) return Rejected(env, *bad);
@@ -218,6 +226,7 @@ Napi::Value NativeAgent::Create(const Napi::CallbackInfo& info) {
   cfg.capture_telemetry = false;
   if (info.Length() > 4) busy_poll_ = std::chrono::microseconds(info[4].ToNumber().Int64Value());
   if (info.Length() > 5) idle_poll_ = std::chrono::microseconds(info[5].ToNumber().Int64Value());
+  if (info.Length() > 6) quiesce_ = std::chrono::milliseconds(info[6].ToNumber().Int64Value());
 
   return OneShot::Run(env, Value(), "nixl.createAgent",
       [this, name, cfg]() -> std::optional<Failure> {
@@ -245,7 +254,6 @@ Napi::Value NativeAgent::Create(const Napi::CallbackInfo& info) {
 
 Napi::Value NativeAgent::ListPlugins(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
-  if (auto bad = Unusable()) return Rejected(env, *bad);
   auto names = std::make_shared<std::vector<std::string>>();
   return RunLocked(env, "nixl.listPlugins",
       [this, names](const SymbolTable& api) -> std::optional<Failure> {
@@ -261,7 +269,6 @@ Napi::Value NativeAgent::ListPlugins(const Napi::CallbackInfo& info) {
 
 Napi::Value NativeAgent::PluginParams(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
-  if (auto bad = Unusable()) return Rejected(env, *bad);
   std::string plugin = StringArg(info, 0, "plugin name");
   auto pairs = std::make_shared<ParamPairs>();
   auto mems = std::make_shared<std::vector<std::string>>();
@@ -293,7 +300,6 @@ Napi::Value NativeAgent::PluginParams(const Napi::CallbackInfo& info) {
 // createBackend(plugin, params: Record<string, string>) -> Promise<{mems, params}>
 Napi::Value NativeAgent::CreateBackend(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
-  if (auto bad = Unusable()) return Rejected(env, *bad);
   std::string plugin = StringArg(info, 0, "plugin name");
   ParamPairs input;
   if (info.Length() > 1 && info[1].IsObject()) {
@@ -313,7 +319,16 @@ Napi::Value NativeAgent::CreateBackend(const Napi::CallbackInfo& info) {
         Params p = nullptr;
         Status st = api.create_params(&p);
         if (st != kSuccess) return StatusFailure("create_params", st);
-        for (const auto& [k, v] : input) api.params_add(p, k.c_str(), v.c_str());
+        for (const auto& [k, v] : input) {
+          st = api.params_add(p, k.c_str(), v.c_str());
+          if (st != kSuccess) {
+            api.destroy_params(p);
+            Failure f = StatusFailure("params_add", st);
+            f.code = "NAT_ERR_BACKEND_CREATE";
+            f.message = "backend parameter " + k + " was refused (" + f.message + ")";
+            return f;
+          }
+        }
         Backend b = nullptr;
         st = api.create_backend(agent_, plugin.c_str(), p, &b);
         api.destroy_params(p);
@@ -324,14 +339,16 @@ Napi::Value NativeAgent::CreateBackend(const Napi::CallbackInfo& info) {
           return f;
         }
         backends_.push_back(b);
+        // The backend exists now (NIXL owns it); failing to read its parameters is reported
+        // rather than answered with an empty set that looks like "no parameters".
         MemList ml = nullptr;
         Params bp = nullptr;
-        if (api.get_backend_params(agent_, b, &ml, &bp) == kSuccess) {
-          *effective = ReadParams(api, bp);
-          *mems = ReadMemList(api, ml);
-          api.destroy_params(bp);
-          api.destroy_mem_list(ml);
-        }
+        st = api.get_backend_params(agent_, b, &ml, &bp);
+        if (st != kSuccess) return StatusFailure("get_backend_params", st);
+        *effective = ReadParams(api, bp);
+        *mems = ReadMemList(api, ml);
+        api.destroy_params(bp);
+        api.destroy_mem_list(ml);
         return std::nullopt;
       },
       [effective, mems](Napi::Env e) -> Napi::Value {
@@ -349,7 +366,6 @@ Napi::Value NativeAgent::DeregisterMem(const Napi::CallbackInfo& info) { return 
 // JS memory referenced while it is registered.
 Napi::Value NativeAgent::MemoryCall(const Napi::CallbackInfo& info, bool do_register) {
   Napi::Env env = info.Env();
-  if (auto bad = Unusable()) return Rejected(env, *bad);
   MemType kind = KindArg(info, 0);
   std::vector<uint64_t> triples = TriplesArg(info, 1, "descriptors");
   return RunLocked(env, do_register ? "nixl.registerMem" : "nixl.deregisterMem",
@@ -378,7 +394,6 @@ Napi::Value NativeAgent::MemoryCall(const Napi::CallbackInfo& info, bool do_regi
 
 Napi::Value NativeAgent::LocalMetadata(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
-  if (auto bad = Unusable()) return Rejected(env, *bad);
   auto blob = std::make_shared<std::string>();
   return RunLocked(env, "nixl.localMetadata",
       [this, blob](const SymbolTable& api) -> std::optional<Failure> {
@@ -395,14 +410,15 @@ Napi::Value NativeAgent::LocalMetadata(const Napi::CallbackInfo& info) {
 
 Napi::Value NativeAgent::LoadRemoteMetadata(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
-  if (auto bad = Unusable()) return Rejected(env, *bad);
   if (info.Length() < 1 || !info[0].IsBuffer()) throw ArgError(env, "metadata must be a Buffer");
   auto b = info[0].As<Napi::Buffer<char>>();
   if (b.Length() == 0) throw ArgError(env, "metadata must not be empty");
   std::string blob(b.Data(), b.Length());
+  // Whether the peer advertised the disconnect probe in its handshake (our own agents do).
+  const bool probe = info.Length() > 1 && info[1].ToBoolean().Value();
   auto peer = std::make_shared<std::string>();
   return RunLocked(env, "nixl.loadRemoteMetadata",
-      [this, blob, peer](const SymbolTable& api) -> std::optional<Failure> {
+      [this, blob, peer, probe](const SymbolTable& api) -> std::optional<Failure> {
         char* name = nullptr;
         Status st = api.load_remote_md(agent_, blob.data(), blob.size(), &name);
         if (st != kSuccess) {
@@ -413,6 +429,11 @@ Napi::Value NativeAgent::LoadRemoteMetadata(const Napi::CallbackInfo& info) {
         peer->assign(name);
         std::free(name);  // strdup'd by NIXL's C layer
         peers_.insert(*peer);
+        if (probe) {
+          probe_peers_.insert(*peer);
+        } else {
+          probe_peers_.erase(*peer);
+        }
         return std::nullopt;
       },
       [peer](Napi::Env e) -> Napi::Value { return Napi::String::New(e, *peer); });
@@ -420,17 +441,32 @@ Napi::Value NativeAgent::LoadRemoteMetadata(const Napi::CallbackInfo& info) {
 
 Napi::Value NativeAgent::InvalidatePeer(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
-  if (auto bad = Unusable()) return Rejected(env, *bad);
   std::string peer = StringArg(info, 0, "peer name");
   return RunLocked(env, "nixl.invalidatePeer",
       [this, peer](const SymbolTable& api) -> std::optional<Failure> {
-        bool known = peers_.erase(peer) > 0;
+        // After invalidation NIXL answers get_xfer_status with NOT_FOUND without asking UCX,
+        // so a request still in flight could never be confirmed done. Refuse while any is;
+        // tainted ones (already reported to JS) become orphans, kept until the agent dies.
+        for (const auto& r : active_) {
+          if (r->peer == peer && !r->tainted && !r->orphaned) {
+            Failure f = MakeFailure("NAT_ERR_PEER_BUSY", "reads to " + peer + " are still in flight");
+            f.peer = peer;
+            return f;
+          }
+        }
+        const bool known = peers_.count(peer) > 0;
         Status st = api.invalidate_remote_md(agent_, peer.c_str());
         if (st != kSuccess) {
           Failure f = StatusFailure("invalidate_remote_md", st, peer);
           // NIXL forgets a peer by itself after a disconnect; report that as "unknown peer".
           if (!known) f.code = "NAT_ERR_PEER_UNKNOWN";
           return f;
+        }
+        // Forgotten only once NIXL confirmed (issue #7, item 5).
+        peers_.erase(peer);
+        probe_peers_.erase(peer);
+        for (auto& r : active_) {
+          if (r->peer == peer && r->tainted) r->orphaned = true;
         }
         return std::nullopt;
       },
@@ -439,12 +475,20 @@ Napi::Value NativeAgent::InvalidatePeer(const Napi::CallbackInfo& info) {
 
 Napi::Value NativeAgent::CheckPeer(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
-  if (auto bad = Unusable()) return Rejected(env, *bad);
   std::string peer = StringArg(info, 0, "peer name");
   auto present = std::make_shared<bool>(false);
   return RunLocked(env, "nixl.checkPeer",
       [this, peer, present](const SymbolTable& api) -> std::optional<Failure> {
-        *present = api.check_remote_md(agent_, peer.c_str(), nullptr) == kSuccess;
+        // SUCCESS: present. NOT_FOUND (1.5+), or BACKEND for a peer this agent does not hold
+        // (NIXL <= 1.4 has no NOT_FOUND): absent. Anything else is an error, not "absent".
+        const Status st = api.check_remote_md(agent_, peer.c_str(), nullptr);
+        if (st == kSuccess) {
+          *present = true;
+        } else if (st == kErrNotFound || (st == kErrBackend && peers_.count(peer) == 0)) {
+          *present = false;
+        } else {
+          return StatusFailure("check_remote_md", st, peer);
+        }
         return std::nullopt;
       },
       [present](Napi::Env e) -> Napi::Value { return Napi::Boolean::New(e, *present); });
@@ -452,7 +496,6 @@ Napi::Value NativeAgent::CheckPeer(const Napi::CallbackInfo& info) {
 
 Napi::Value NativeAgent::GenNotif(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
-  if (auto bad = Unusable()) return Rejected(env, *bad);
   std::string peer = StringArg(info, 0, "peer name");
   std::optional<std::string> msg = OptionalBytes(info, 1);
   if (!msg) throw ArgError(env, "notification must be a Buffer");
@@ -468,6 +511,90 @@ Napi::Value NativeAgent::GenNotif(const Napi::CallbackInfo& info) {
         return std::nullopt;
       },
       nullptr);
+}
+
+// prepList(peer ('' for local), kind, triples) -> Promise<number>: a descriptor list prepared
+// once (prep_xfer_dlist), then named by index in readPrepared. Preparing the KV region once
+// per peer saves NIXL the per-request descriptor lookups of create_xfer_req.
+Napi::Value NativeAgent::PrepList(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  if (info.Length() < 1 || !info[0].IsString()) throw ArgError(env, "peer name must be a string ('' for local)");
+  std::string peer = info[0].As<Napi::String>().Utf8Value();
+  MemType kind = KindArg(info, 1);
+  std::vector<uint64_t> triples = TriplesArg(info, 2, "descriptors");
+  auto id = std::make_shared<uint32_t>(0);
+  return RunLocked(env, "nixl.prepList",
+      [this, peer, kind, triples, id](const SymbolTable& api) -> std::optional<Failure> {
+        XferDlist list = nullptr;
+        Status st = api.create_xfer_dlist(kind, &list);
+        if (st != kSuccess) return StatusFailure("create_xfer_dlist", st);
+        for (size_t i = 0; i + 2 < triples.size() && st == kSuccess; i += 3) {
+          st = api.xfer_dlist_add_desc(list, static_cast<uintptr_t>(triples[i]), triples[i + 1], triples[i + 2]);
+        }
+        if (st != kSuccess) {
+          api.destroy_xfer_dlist(list);
+          return StatusFailure("xfer_dlist_add_desc", st);
+        }
+        XferDlistHandle handle = nullptr;
+        st = api.prep_xfer_dlist(agent_, peer.c_str(), list, &handle, nullptr);
+        api.destroy_xfer_dlist(list);
+        if (st != kSuccess) {
+          Failure f = StatusFailure("prep_xfer_dlist", st, peer);
+          if (!peer.empty() && peers_.count(peer) == 0) f.code = "NAT_ERR_PEER_UNKNOWN";
+          return f;
+        }
+        *id = next_list_id_++;
+        lists_[*id] = handle;
+        return std::nullopt;
+      },
+      [id](Napi::Env e) -> Napi::Value { return Napi::Number::New(e, *id); });
+}
+
+Napi::Value NativeAgent::ReleaseList(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  if (info.Length() < 1 || !info[0].IsNumber()) throw ArgError(env, "list id must be a number");
+  const uint32_t id = info[0].As<Napi::Number>().Uint32Value();
+  return RunLocked(env, "nixl.releaseList",
+      [this, id](const SymbolTable& api) -> std::optional<Failure> {
+        auto it = lists_.find(id);
+        if (it == lists_.end()) return MakeFailure("NAT_ERR_INVALID_ARG", "no prepared list " + std::to_string(id));
+        for (const auto& r : active_) {
+          if (r->prepared && (r->local_list_id == id || r->remote_list_id == id)) {
+            return MakeFailure("NAT_ERR_MEMORY_IN_USE", "prepared list " + std::to_string(id) + " is used by a read in flight");
+          }
+        }
+        Status st = api.release_xfer_dlist_handle(agent_, it->second);
+        lists_.erase(it);  // the C handle is freed by the call whatever it returns
+        if (st != kSuccess) return StatusFailure("release_xfer_dlist_handle", st);
+        return std::nullopt;
+      },
+      nullptr);
+}
+
+Napi::Value NativeAgent::Submit(Napi::Env env, std::unique_ptr<PendingRead> r, double timeout_ms) {
+  if (!(timeout_ms > 0)) throw ArgError(env, "timeoutMs must be positive");
+  // Anything past ~31 years (Infinity included) means "no deadline": converting such a double
+  // to an integer count is undefined behaviour and made Infinity fail at once (item 4).
+  if (timeout_ms >= 1e12) {
+    r->deadline = Clock::time_point::max();
+  } else {
+    r->deadline = Clock::now() + std::chrono::microseconds(static_cast<int64_t>(timeout_ms * 1000));
+  }
+  r->deferred = std::make_unique<Napi::Promise::Deferred>(env);
+  Napi::Promise promise = r->deferred->Promise();
+
+  // While a read is pending the process must stay alive and this object must not be
+  // collected: the poll thread and the event bridge both point at it.
+  if (pending_reads_++ == 0) {
+    tsfn_.Ref(env);
+    Ref();
+  }
+  {
+    std::lock_guard<std::mutex> lock(q_mu_);
+    queue_.push_back(std::move(r));
+  }
+  q_cv_.notify_one();
+  return promise;
 }
 
 // read(id, peer, localKind, local, remoteKind, remote, notif|null, timeoutMs) -> Promise
@@ -488,24 +615,39 @@ Napi::Value NativeAgent::Read(const Napi::CallbackInfo& info) {
     if (r->local[i + 1] != r->remote[i + 1]) throw ArgError(env, "descriptor lengths differ at index " + std::to_string(i / 3));
     r->bytes += r->local[i + 1];
   }
-  double timeout_ms = info[7].As<Napi::Number>().DoubleValue();
-  if (!(timeout_ms > 0)) throw ArgError(env, "timeoutMs must be positive");
-  r->deadline = Clock::now() + std::chrono::microseconds(static_cast<int64_t>(timeout_ms * 1000));
-  r->deferred = std::make_unique<Napi::Promise::Deferred>(env);
-  Napi::Promise promise = r->deferred->Promise();
+  return Submit(env, std::move(r), info[7].As<Napi::Number>().DoubleValue());
+}
 
-  // While a read is pending the process must stay alive and this object must not be
-  // collected: the poll thread and the event bridge both point at it.
-  if (pending_reads_++ == 0) {
-    tsfn_.Ref(env);
-    Ref();
+std::vector<int> IndicesArg(const Napi::CallbackInfo& info, size_t i, const char* what) {
+  if (info.Length() <= i || !info[i].IsTypedArray() || info[i].As<Napi::TypedArray>().TypedArrayType() != napi_int32_array) {
+    throw ArgError(info.Env(), std::string(what) + " must be an Int32Array");
   }
-  {
-    std::lock_guard<std::mutex> lock(q_mu_);
-    queue_.push_back(std::move(r));
+  auto arr = info[i].As<Napi::TypedArrayOf<int32_t>>();
+  if (arr.ElementLength() == 0) throw ArgError(info.Env(), std::string(what) + " must not be empty");
+  return std::vector<int>(arr.Data(), arr.Data() + arr.ElementLength());
+}
+
+// readPrepared(id, peer, localList, localIdx, remoteList, remoteIdx, notif|null, timeoutMs,
+// bytes) -> Promise. The gate checks indices and lengths against what it prepared.
+Napi::Value NativeAgent::ReadPrepared(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  if (auto bad = Unusable()) return Rejected(env, *bad);
+  if (info.Length() < 9 || !info[0].IsNumber() || !info[2].IsNumber() || !info[4].IsNumber() || !info[7].IsNumber() ||
+      !info[8].IsNumber()) {
+    throw ArgError(env, "readPrepared: bad arguments");
   }
-  q_cv_.notify_one();
-  return promise;
+  auto r = std::make_unique<PendingRead>();
+  r->prepared = true;
+  r->id = info[0].As<Napi::Number>().Uint32Value();
+  r->peer = StringArg(info, 1, "peer name");
+  r->local_list_id = info[2].As<Napi::Number>().Uint32Value();
+  r->local_idx = IndicesArg(info, 3, "local indices");
+  r->remote_list_id = info[4].As<Napi::Number>().Uint32Value();
+  r->remote_idx = IndicesArg(info, 5, "remote indices");
+  if (r->local_idx.size() != r->remote_idx.size()) throw ArgError(env, "local and remote index counts differ");
+  r->notif = OptionalBytes(info, 6);
+  r->bytes = static_cast<uint64_t>(info[8].As<Napi::Number>().DoubleValue());
+  return Submit(env, std::move(r), info[7].As<Napi::Number>().DoubleValue());
 }
 
 void NativeAgent::ReadSettled(Napi::Env env) {
@@ -523,6 +665,16 @@ Napi::Value NativeAgent::Cancel(const Napi::CallbackInfo& info) {
   }
   q_cv_.notify_one();
   return info.Env().Undefined();
+}
+
+// stats() -> counters for tests and metrics; atomics only, never blocks.
+Napi::Value NativeAgent::Stats(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  Napi::Object o = Napi::Object::New(env);
+  o.Set("probesSent", Napi::Number::New(env, static_cast<double>(probes_sent_.load())));
+  o.Set("notifErrors", Napi::Number::New(env, static_cast<double>(notif_errors_.load())));
+  o.Set("tainted", Napi::Number::New(env, static_cast<double>(tainted_total_.load())));
+  return o;
 }
 
 Napi::Value NativeAgent::Close(const Napi::CallbackInfo& info) {
@@ -554,15 +706,19 @@ void NativeAgent::Shutdown() {
     stopping_ = true;
   }
   q_cv_.notify_one();
+  // The poll thread aborts what is in flight and returns once every read has settled for JS:
+  // done, or tainted after the quiesce period.
   if (poller_.joinable()) poller_.join();
 
   const SymbolTable* api = Nixl();
   std::lock_guard<std::mutex> lock(nixl_mu_);
   if (api == nullptr || agent_ == nullptr) return;
-  for (XferReq z : zombies_) {
-    if (api->release_xfer_req(agent_, z) == kSuccess) api->destroy_xfer_req(z);
-  }
-  zombies_.clear();
+  // Tainted requests are released right before the agent goes: destroying it tears down the
+  // UCX workers, after which nothing can write into their destinations any more.
+  for (auto& r : active_) ReleaseHandles(*r);
+  active_.clear();
+  for (auto& [id, handle] : lists_) api->release_xfer_dlist_handle(agent_, handle);
+  lists_.clear();
   // destroy_backend frees only the C handle; the agent owns and tears down the engines.
   for (Backend b : backends_) api->destroy_backend(b);
   backends_.clear();
@@ -571,221 +727,7 @@ void NativeAgent::Shutdown() {
   api->destroy_agent(agent_);
   agent_ = nullptr;
   peers_.clear();
-}
-
-void NativeAgent::PollLoop() {
-  std::vector<std::unique_ptr<PendingRead>> active;
-  std::vector<Event*> out;
-  for (;;) {
-    std::deque<std::unique_ptr<PendingRead>> incoming;
-    std::vector<uint32_t> cancels;
-    bool stop = false;
-    {
-      std::unique_lock<std::mutex> lock(q_mu_);
-      q_cv_.wait_for(lock, active.empty() ? idle_poll_ : busy_poll_,
-                     [this] { return stopping_ || !queue_.empty() || !cancels_.empty(); });
-      incoming.swap(queue_);
-      cancels.swap(cancels_);
-      stop = stopping_;
-    }
-    {
-      std::lock_guard<std::mutex> lock(nixl_mu_);
-      for (auto& r : incoming) {
-        StartRead(*r, out);
-        if (r->deferred) active.push_back(std::move(r));
-      }
-      const Clock::time_point now = Clock::now();
-      for (size_t i = 0; i < active.size();) {
-        PendingRead& r = *active[i];
-        bool settled = false;
-        if (stop) {
-          FinishRead(r, MakeFailure("NAT_ERR_AGENT_CLOSED", "the NIXL agent was closed during the read"), out);
-          settled = true;
-        } else if (std::find(cancels.begin(), cancels.end(), r.id) != cancels.end()) {
-          FinishRead(r, MakeFailure("NAT_ERR_XFER_CANCELED", "the read was canceled"), out);
-          settled = true;
-        } else if (now >= r.deadline) {
-          Failure f = MakeFailure("NAT_ERR_XFER_TIMEOUT", "the read did not complete before its deadline");
-          f.peer = r.peer;
-          FinishRead(r, f, out);
-          settled = true;
-        } else {
-          settled = PollRead(r, out);
-        }
-        if (settled) {
-          active[i] = std::move(active.back());
-          active.pop_back();
-        } else {
-          ++i;
-        }
-      }
-      if (!stop) DrainNotifications(out);
-    }
-    Emit(out);
-    if (stop) break;
-  }
-}
-
-void NativeAgent::Emit(std::vector<Event*>& out) {
-  for (Event* e : out) {
-    // Fails only while the function is closing; the event then has no one to go to.
-    if (tsfn_.NonBlockingCall(e) != napi_ok) delete e;
-  }
-  out.clear();
-}
-
-void NativeAgent::StartRead(PendingRead& r, std::vector<Event*>& out) {
-  const SymbolTable& api = *Nixl();
-  if (agent_ == nullptr) {
-    FinishRead(r, AgentClosed(), out);
-    return;
-  }
-  Status st = api.create_xfer_dlist(r.local_kind, &r.local_list);
-  if (st == kSuccess) st = api.create_xfer_dlist(r.remote_kind, &r.remote_list);
-  if (st != kSuccess) {
-    FinishRead(r, StatusFailure("create_xfer_dlist", st), out);
-    return;
-  }
-  for (size_t i = 0; i + 2 < r.local.size() && st == kSuccess; i += 3) {
-    st = api.xfer_dlist_add_desc(r.local_list, static_cast<uintptr_t>(r.local[i]), r.local[i + 1], r.local[i + 2]);
-    if (st == kSuccess) {
-      st = api.xfer_dlist_add_desc(r.remote_list, static_cast<uintptr_t>(r.remote[i]), r.remote[i + 1], r.remote[i + 2]);
-    }
-  }
-  if (st != kSuccess) {
-    FinishRead(r, StatusFailure("xfer_dlist_add_desc", st), out);
-    return;
-  }
-  if (r.notif) {
-    st = api.create_opt_args(&r.opt);
-    // has_notif first: set_notif_msg only copies the message into `notif` once it is set.
-    if (st == kSuccess) st = api.opt_args_set_has_notif(r.opt, true);
-    if (st == kSuccess) st = api.opt_args_set_notif_msg(r.opt, r.notif->data(), r.notif->size());
-    if (st != kSuccess) {
-      FinishRead(r, StatusFailure("opt_args_set_notif_msg", st), out);
-      return;
-    }
-  }
-  st = api.create_xfer_req(agent_, kXferRead, r.local_list, r.remote_list, r.peer.c_str(), &r.req, r.opt);
-  if (st != kSuccess) {
-    r.req = nullptr;
-    FinishRead(r, ClassifyXferError("create_xfer_req", st, r.peer), out);
-    return;
-  }
-  r.posted_at = Clock::now();
-  st = api.post_xfer_req(agent_, r.req, nullptr);
-  if (st == kSuccess) {
-    FinishRead(r, std::nullopt, out);
-  } else if (st != kInProg) {
-    FinishRead(r, ClassifyXferError("post_xfer_req", st, r.peer), out);
-  }
-}
-
-bool NativeAgent::PollRead(PendingRead& r, std::vector<Event*>& out) {
-  Status st = Nixl()->get_xfer_status(agent_, r.req);
-  if (st == kInProg) return false;
-  if (st == kSuccess) {
-    FinishRead(r, std::nullopt, out);
-  } else {
-    FinishRead(r, ClassifyXferError("get_xfer_status", st, r.peer), out);
-  }
-  return true;
-}
-
-// The C API folds REMOTE_DISCONNECT into ERROR_BACKEND, so the status alone cannot say "peer
-// gone". Two checks recover it (docs/native.md, "Disconnects"):
-// 1. check_remote_md. NIXL up to v1.4 forgets a peer that disconnected, so a failure on a
-//    peer this agent loaded means "peer gone"; on a peer never loaded (or invalidated here)
-//    it means "unknown peer".
-// 2. From v1.5 NIXL keeps the metadata of a disconnected peer (check_remote_md succeeds) and
-//    every later post fails. For post/status failures the addon then sends a probe
-//    notification: UCX fails it at once on an endpoint in error state, while a live peer
-//    receives it and its addon drops it (kProbeNotif never reaches JS).
-Failure NativeAgent::ClassifyXferError(const char* op, Status status, const std::string& peer) {
-  Failure f = StatusFailure(op, status, peer);
-  if (status != kErrBackend && status != kErrNotFound) return f;
-  const SymbolTable& api = *Nixl();
-  const bool loaded = peers_.count(peer) > 0;
-  const Status check = api.check_remote_md(agent_, peer.c_str(), nullptr);
-  if (check != kSuccess) {
-    if (loaded) {
-      peers_.erase(peer);
-      f.code = "NAT_ERR_REMOTE_DISCONNECT";
-      f.message = "peer " + peer + " disconnected (" + f.message + ", check_remote_md returned " +
-                  std::to_string(static_cast<int>(check)) + ")";
-    } else {
-      f.code = "NAT_ERR_PEER_UNKNOWN";
-      f.message = "no metadata loaded for peer " + peer + " (" + f.message + ")";
-    }
-    return f;
-  }
-  if (std::strcmp(op, "create_xfer_req") == 0) return f;  // descriptors or backend choice
-  const Status probe = api.gen_notif(agent_, peer.c_str(), kProbeNotif, kProbeNotifLen, nullptr);
-  if (probe != kSuccess) {
-    f.code = "NAT_ERR_REMOTE_DISCONNECT";
-    f.message = "peer " + peer + " disconnected (" + f.message + ", probe notification returned " +
-                std::to_string(static_cast<int>(probe)) + ")";
-  }
-  return f;
-}
-
-void NativeAgent::FinishRead(PendingRead& r, std::optional<Failure> failure, std::vector<Event*>& out) {
-  const double micros =
-      std::chrono::duration<double, std::micro>(Clock::now() - r.posted_at).count();
-  ReleaseHandles(r);
-  auto* e = new Event();
-  e->kind = Event::kReadSettled;
-  e->deferred = std::move(r.deferred);
-  e->failure = std::move(failure);
-  e->bytes = static_cast<double>(r.bytes);
-  e->micros = micros;
-  out.push_back(e);
-}
-
-void NativeAgent::ReleaseHandles(PendingRead& r) {
-  const SymbolTable& api = *Nixl();
-  if (r.req != nullptr) {
-    // Releasing an active request aborts it (timeouts, cancels, close). If NIXL refuses,
-    // the handle is kept and retried at close rather than destroyed under NIXL's feet.
-    if (agent_ != nullptr && api.release_xfer_req(agent_, r.req) == kSuccess) {
-      api.destroy_xfer_req(r.req);
-    } else {
-      zombies_.push_back(r.req);
-    }
-    r.req = nullptr;
-  }
-  if (r.local_list != nullptr) api.destroy_xfer_dlist(r.local_list);
-  if (r.remote_list != nullptr) api.destroy_xfer_dlist(r.remote_list);
-  if (r.opt != nullptr) api.destroy_opt_args(r.opt);
-  r.local_list = r.remote_list = nullptr;
-  r.opt = nullptr;
-}
-
-void NativeAgent::DrainNotifications(std::vector<Event*>& out) {
-  const SymbolTable& api = *Nixl();
-  // Without a backend NIXL logs an error on every get_notifs call; nothing can arrive yet.
-  if (agent_ == nullptr || notif_map_ == nullptr || backends_.empty()) return;
-  if (api.get_notifs(agent_, notif_map_, nullptr) != kSuccess) return;
-  size_t agents = 0;
-  if (api.notif_map_size(notif_map_, &agents) != kSuccess || agents == 0) return;
-  for (size_t i = 0; i < agents; ++i) {
-    const char* name = nullptr;
-    if (api.notif_map_get_agent_at(notif_map_, i, &name) != kSuccess || name == nullptr) continue;
-    size_t count = 0;
-    if (api.notif_map_get_notifs_size(notif_map_, name, &count) != kSuccess) continue;
-    for (size_t j = 0; j < count; ++j) {
-      const void* data = nullptr;
-      size_t len = 0;
-      if (api.notif_map_get_notif(notif_map_, name, j, &data, &len) != kSuccess) continue;
-      if (len == kProbeNotifLen && std::memcmp(data, kProbeNotif, kProbeNotifLen) == 0) continue;
-      auto* e = new Event();
-      e->kind = Event::kNotification;
-      e->peer = name;
-      e->message.assign(static_cast<const char*>(data), len);
-      out.push_back(e);
-    }
-  }
-  api.notif_map_clear(notif_map_);
+  probe_peers_.clear();
 }
 
 }  // namespace hnx

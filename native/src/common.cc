@@ -1,6 +1,14 @@
 #include "common.h"
 
+#include <atomic>
+
 namespace hnx {
+namespace {
+std::atomic<bool> g_exiting{false};
+}  // namespace
+
+bool ProcessExiting() { return g_exiting.load(); }
+void MarkProcessExiting() { g_exiting = true; }
 
 Failure StatusFailure(const char* op, Status status, const std::string& peer) {
   Failure f;

@@ -30,6 +30,11 @@ Failure MakeFailure(const char* code, std::string message);
 
 Napi::Error ToJsError(Napi::Env env, const Failure& failure);
 
+// True once the process emitted 'exit' (addon.cc subscribes at load): finalizers that run
+// during environment teardown must then leave Node's handles alone.
+bool ProcessExiting();
+void MarkProcessExiting();
+
 // A TypeError with code NAT_ERR_INVALID_ARG, thrown on the JS thread for a bad argument.
 Napi::Error ArgError(Napi::Env env, const std::string& message);
 

@@ -73,6 +73,7 @@ struct XferDlistS;
 struct RegDlistS;
 struct XferReqS;
 struct NotifMapS;
+struct XferDlistHandleS;
 
 using Agent = AgentS*;
 using Params = ParamsS*;
@@ -85,6 +86,7 @@ using XferDlist = XferDlistS*;
 using RegDlist = RegDlistS*;
 using XferReq = XferReqS*;
 using NotifMap = NotifMapS*;
+using XferDlistHandle = XferDlistHandleS*;
 
 // X-macro: (name without the nixl_capi_ prefix, return type, parameter list). One list drives the
 // symbol table, the dlsym loop and the compile-time check, so they cannot disagree.
@@ -139,6 +141,14 @@ using NotifMap = NotifMapS*;
   X(get_xfer_status, Status, (Agent agent, XferReq req))                                     \
   X(release_xfer_req, Status, (Agent agent, XferReq req))                                    \
   X(destroy_xfer_req, Status, (XferReq req))                                                 \
+  X(prep_xfer_dlist, Status,                                                                 \
+    (Agent agent, const char* agent_name, XferDlist descs, XferDlistHandle* handle,          \
+     OptArgs opt_args))                                                                      \
+  X(release_xfer_dlist_handle, Status, (Agent agent, XferDlistHandle handle))                \
+  X(make_xfer_req, Status,                                                                   \
+    (Agent agent, XferOp op, XferDlistHandle local, const int* local_indices,                \
+     size_t local_count, XferDlistHandle remote, const int* remote_indices,                  \
+     size_t remote_count, XferReq* req, OptArgs opt_args))                                   \
   X(gen_notif, Status,                                                                       \
     (Agent agent, const char* remote_agent, const void* data, size_t len, OptArgs opt_args)) \
   X(create_notif_map, Status, (NotifMap* map))                                               \

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -21,17 +22,37 @@ namespace {
 struct Mapping {
   void* addr;
   size_t len;
+  // NIXL registrations over this mapping (pinShared). While any exists, unmapShared refuses:
+  // a READ may be writing into the pages (issue #7, item 2).
+  int pins = 0;
+  // Which mapping this is. After unmapShared the kernel may hand the same address to the next
+  // mmap; the old ArrayBuffer's finalizer (it runs at some later GC) must then leave the new
+  // mapping alone instead of unmapping it.
+  uint64_t generation = 0;
 };
+uint64_t g_next_generation = 1;
 std::mutex g_maps_mutex;
 std::map<void*, Mapping> g_maps;
 
-bool Forget(void* addr, Mapping* out) {
+// generation 0: whichever mapping is at addr.
+bool Forget(void* addr, Mapping* out, uint64_t generation = 0) {
   std::lock_guard<std::mutex> lock(g_maps_mutex);
   auto it = g_maps.find(addr);
   if (it == g_maps.end()) return false;
+  if (generation != 0 && it->second.generation != generation) return false;
   *out = it->second;
   g_maps.erase(it);
   return true;
+}
+
+// The mapping holding [addr, addr + len), or end(). Caller holds g_maps_mutex.
+std::map<void*, Mapping>::iterator Containing(uintptr_t addr, size_t len) {
+  auto it = g_maps.upper_bound(reinterpret_cast<void*>(addr));
+  if (it == g_maps.begin()) return g_maps.end();
+  --it;
+  const uintptr_t start = reinterpret_cast<uintptr_t>(it->second.addr);
+  if (addr >= start && addr + len <= start + it->second.len) return it;
+  return g_maps.end();
 }
 
 Napi::Error ShmError(Napi::Env env, const std::string& what, int err) {
@@ -94,13 +115,15 @@ Napi::Value MapShared(const Napi::CallbackInfo& info) {
   const int map_err = errno;
   ::close(fd);  // the mapping keeps the object alive
   if (addr == MAP_FAILED) throw ShmError(env, "mmap " + name, map_err);
+  uint64_t generation = 0;
   {
     std::lock_guard<std::mutex> lock(g_maps_mutex);
-    g_maps[addr] = Mapping{addr, len};
+    generation = g_next_generation++;
+    g_maps[addr] = Mapping{addr, len, 0, generation};
   }
-  return Napi::ArrayBuffer::New(env, addr, len, [](Napi::Env, void* data) {
+  return Napi::ArrayBuffer::New(env, addr, len, [generation](Napi::Env, void* data) {
     Mapping m;
-    if (Forget(data, &m)) ::munmap(m.addr, m.len);
+    if (Forget(data, &m, generation)) ::munmap(m.addr, m.len);
   });
 }
 
@@ -110,6 +133,16 @@ Napi::Value UnmapShared(const Napi::CallbackInfo& info) {
   Napi::ArrayBuffer ab = info[0].As<Napi::ArrayBuffer>();
   if (ab.IsDetached()) return Napi::Boolean::New(env, false);
   void* addr = ab.Data();
+  {
+    std::lock_guard<std::mutex> lock(g_maps_mutex);
+    auto it = g_maps.find(addr);
+    if (it != g_maps.end() && it->second.pins > 0) {
+      Napi::Error e = Napi::Error::New(env, "shared memory is registered with a NIXL agent (" +
+                                                std::to_string(it->second.pins) + " registration(s)); deregister it first");
+      e.Set("code", Napi::String::New(env, "NAT_ERR_MEMORY_IN_USE"));
+      throw e;
+    }
+  }
   Mapping m;
   if (!Forget(addr, &m)) return Napi::Boolean::New(env, false);
   // Detach first so no JS view can touch the pages once they are gone.
@@ -124,6 +157,22 @@ Napi::Value UnlinkShared(const Napi::CallbackInfo& info) {
   if (::shm_unlink(name.c_str()) == 0) return Napi::Boolean::New(env, true);
   if (errno == ENOENT) return Napi::Boolean::New(env, false);
   throw ShmError(env, "shm_unlink " + name, errno);
+}
+
+Napi::Value PinShared(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  if (info.Length() < 3 || !info[0].IsBigInt() || !info[1].IsNumber() || !info[2].IsNumber()) {
+    throw ArgError(env, "pinShared(addr: bigint, len: number, delta: number)");
+  }
+  bool lossless = true;
+  const uint64_t addr = info[0].As<Napi::BigInt>().Uint64Value(&lossless);
+  const size_t len = static_cast<size_t>(info[1].As<Napi::Number>().DoubleValue());
+  const int delta = info[2].As<Napi::Number>().Int32Value();
+  std::lock_guard<std::mutex> lock(g_maps_mutex);
+  auto it = Containing(static_cast<uintptr_t>(addr), len);
+  if (it == g_maps.end()) return Napi::Boolean::New(env, false);
+  it->second.pins = std::max(0, it->second.pins + delta);
+  return Napi::Boolean::New(env, true);
 }
 
 Napi::Value BufferAddress(const Napi::CallbackInfo& info) {

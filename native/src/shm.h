@@ -11,6 +11,9 @@ Napi::Value MapShared(const Napi::CallbackInfo& info);
 Napi::Value UnmapShared(const Napi::CallbackInfo& info);
 // unlinkShared(name) -> boolean (false when it did not exist)
 Napi::Value UnlinkShared(const Napi::CallbackInfo& info);
+// pinShared(addr, len, delta) -> boolean: counts NIXL registrations over a mapping (false when
+// the range is not inside one); unmapShared refuses while the count is positive.
+Napi::Value PinShared(const Napi::CallbackInfo& info);
 // bufferAddress(ArrayBuffer | TypedArray | DataView) -> bigint
 Napi::Value BufferAddress(const Napi::CallbackInfo& info);
 

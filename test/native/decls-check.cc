@@ -39,6 +39,7 @@ HNX_MAP(hnx::XferDlistS, nixl_capi_xfer_dlist_s)
 HNX_MAP(hnx::RegDlistS, nixl_capi_reg_dlist_s)
 HNX_MAP(hnx::XferReqS, nixl_capi_xfer_req_s)
 HNX_MAP(hnx::NotifMapS, nixl_capi_notif_map_s)
+HNX_MAP(hnx::XferDlistHandleS, nixl_capi_xfer_dlist_handle_s)
 #undef HNX_MAP
 
 #define HNX_CHECK_FN(member, ret, params)                                              \

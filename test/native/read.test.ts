@@ -29,7 +29,7 @@ t.test('two-process READs over UCX', { skip }, async (t) => {
   const MiB = 1 << 20
   const sizes = [4096, 64 * 1024, MiB, 16 * MiB, 64 * MiB]
   const local = Buffer.alloc(64 * MiB)
-  await reader.registerMemory(local)
+  const registration = await reader.registerMemory(local)
   const localAddr = addressOf(local)
 
   const regions = new Map<number, Region>()
@@ -79,6 +79,36 @@ t.test('two-process READs over UCX', { skip }, async (t) => {
       if (!got.equals(expected.subarray(i * block, (i + 1) * block))) bad = i
     }
     t.equal(bad, -1, 'every block landed in its slot')
+  })
+
+  await t.test('prepared block lists: 1,024 x 16 KiB by index', async (t) => {
+    const block = 16 * 1024
+    const count = 1024
+    const src = regions.get(64 * MiB)
+    if (!src) throw new Error('missing region')
+    const localReg = registration
+    // Prepared once: the whole local registration and the peer's 64 MiB region as blocks.
+    const mine = await reader.prepareLocalBlocks(localReg, block)
+    const theirs = await reader.prepareRemoteBlocks(peer, { addr: src.addr, len: 64 * MiB }, block)
+    t.equal(mine.count, (64 * MiB) / block)
+    // Scatter: remote block i -> local block (count - 1 - i).
+    const remoteIdx = Array.from({ length: count }, (_, i) => i)
+    const localIdx = remoteIdx.map((i) => count - 1 - i)
+    local.fill(0)
+    const res = await reader.readBlocks(peer, mine, localIdx, theirs, remoteIdx, { timeoutMs: 20_000 })
+    t.equal(res.bytes, count * block)
+    const expected = patternBuffer(64 * MiB, sizes.indexOf(64 * MiB) + 1)
+    let bad = -1
+    for (let i = 0; i < count && bad < 0; i++) {
+      const got = local.subarray((count - 1 - i) * block, (count - i) * block)
+      if (!got.equals(expected.subarray(i * block, (i + 1) * block))) bad = i
+    }
+    t.equal(bad, -1, 'every block landed in its slot')
+    await t.rejects(reader.readBlocks(peer, mine, [0], theirs, [mine.count + 10]), { code: 'NAT_ERR_INVALID_ARG' }, 'index out of range')
+    await t.rejects(reader.readBlocks(peer, theirs, [0], mine, [0]), { code: 'NAT_ERR_INVALID_ARG' }, 'lists swapped')
+    await reader.releaseBlocks(mine)
+    await reader.releaseBlocks(theirs)
+    await t.rejects(reader.releaseBlocks(mine), { code: 'NAT_ERR_INVALID_ARG' }, 'released twice')
   })
 
   await t.test('notification arrives after its READ', async (t) => {
@@ -132,16 +162,21 @@ t.test('two-process READs over UCX', { skip }, async (t) => {
     t.ok(outcome === 'completed' || outcome === 'NAT_ERR_XFER_CANCELED', `in-flight cancel: ${outcome}`)
   })
 
-  await t.test('invalidate, then read -> coded error', async (t) => {
+  await t.test('forgetPeer, then read -> NAT_ERR_PEER_GONE; reload and read again', async (t) => {
     const region = regions.get(4096)
     if (!region) throw new Error('missing region')
-    await reader.invalidatePeer(peer)
-    t.equal(await reader.checkPeer(peer), false, 'peer gone after invalidate')
+    await reader.forgetPeer(peer)
+    t.equal(await reader.checkPeer(peer), false, 'peer gone after forgetPeer')
     await t.rejects(
       reader.read(peer, [{ addr: localAddr, len: 4096 }], [{ addr: region.addr, len: 4096 }], { timeoutMs: 5000 }),
-      { code: 'NAT_ERR_PEER_UNKNOWN' },
+      { code: 'NAT_ERR_PEER_GONE' },
     )
-    await t.rejects(reader.invalidatePeer(peer), { code: 'NAT_ERR_PEER_UNKNOWN' }, 'second invalidate')
+    await reader.forgetPeer(peer) // idempotent
+    await t.rejects(
+      reader.read('never-loaded', [{ addr: localAddr, len: 4096 }], [{ addr: region.addr, len: 4096 }]),
+      { code: 'NAT_ERR_PEER_UNKNOWN' },
+      'a peer never loaded is unknown, not gone',
+    )
     // And back: reload, read again.
     t.equal(await reader.loadRemoteMetadata(Buffer.from(lastMd, 'base64')), peer)
     const res = await reader.read(peer, [{ addr: localAddr, len: 4096 }], [{ addr: region.addr, len: 4096 }])

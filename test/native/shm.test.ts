@@ -1,7 +1,9 @@
 // Shared memory: one region written by this process (the "simulator") and read through NIXL
 // by another (the target maps it by name and registers it; this process READs it back).
+import v8 from 'node:v8'
+import vm from 'node:vm'
 import t from 'tap'
-import { addressOf, mapSharedMemory, unlinkSharedMemory } from '../../native/index.js'
+import { addressOf, mapSharedMemory, unlinkSharedMemory, type SharedMemory } from '../../native/index.js'
 import { fillPattern, patternBuffer } from './fixtures/pattern.js'
 import { describeNixl, needNixl, probeNixl, readerAgent, startTarget } from './helpers.js'
 
@@ -64,4 +66,30 @@ t.test('shared region written here, read through NIXL by another process', { ski
   await read()
   t.ok(local.equals(patternBuffer(size, 22)), 'a later write is visible through NIXL too')
   await target.call({ cmd: 'exit' }).catch(() => undefined)
+})
+
+// Regression (found while fixing issue #7 item 2): after unmap() the kernel may give the same
+// address to the next mapping, and the old ArrayBuffer's finalizer, run at a later GC, used to
+// unmap the new mapping by address. A crash (SIGSEGV) here is the failure.
+t.test('collecting an unmapped buffer leaves a new mapping at the same address alone', async (t) => {
+  v8.setFlagsFromString('--expose-gc')
+  const gc = vm.runInNewContext('gc') as () => void
+  const name = `/handoff-shm-gen-${process.pid}`
+  t.teardown(() => {
+    unlinkSharedMemory(name)
+    unlinkSharedMemory(`${name}-2`)
+  })
+  let first: SharedMemory | null = mapSharedMemory(name, 1 << 20, { create: true })
+  const oldAddress = first.address
+  first.unmap()
+  first = null
+  const second = mapSharedMemory(`${name}-2`, 1 << 20, { create: true })
+  t.comment(`new mapping ${second.address === oldAddress ? 'reuses' : 'does not reuse'} the old address`)
+  for (let i = 0; i < 5; i++) {
+    gc()
+    await new Promise((resolve) => setTimeout(resolve, 10))
+  }
+  new Uint8Array(second.buffer)[4096] = 42
+  t.equal(new Uint8Array(second.buffer)[4096], 42, 'the new mapping is still there')
+  second.unmap()
 })

@@ -1,4 +1,5 @@
-import createError from '@fastify/error'
+import type createError from '@fastify/error'
+import { codedErrorsWith } from '../common/coded-error.js'
 
 /**
  * Coded errors of the native addon (`NAT_ERR_*`). Callers branch on `err.code`; the message
@@ -15,42 +16,40 @@ export interface NativeErrorDetails {
 
 type Args = [detail: string, options?: { cause?: unknown }]
 
-function coded<C extends string, S extends number>(code: C, message: string, statusCode: S) {
-  return createError<C, S, Args>(code, message, statusCode)
-}
-
 // The HTTP-ish status says how a service should surface the failure: 503 for "not here",
 // 502 for a peer or library fault, 504 for a deadline, 400/409 for caller mistakes.
-export const NAT_ERR_ADDON_MISSING = coded('NAT_ERR_ADDON_MISSING', 'native addon not built: %s', 503)
-export const NAT_ERR_NIXL_NOT_AVAILABLE = coded('NAT_ERR_NIXL_NOT_AVAILABLE', 'NIXL not available: %s', 503)
-export const NAT_ERR_NIXL_SYMBOL_MISSING = coded('NAT_ERR_NIXL_SYMBOL_MISSING', 'NIXL C API incomplete: %s', 503)
-export const NAT_ERR_NIXL_STUB = coded('NAT_ERR_NIXL_STUB', 'NIXL stub library refused: %s', 503)
-export const NAT_ERR_ALREADY_LOADED = coded('NAT_ERR_ALREADY_LOADED', 'a different NIXL is already loaded: %s', 409)
-export const NAT_ERR_PLUGIN_MISSING = coded('NAT_ERR_PLUGIN_MISSING', 'NIXL plugin missing: %s', 503)
-export const NAT_ERR_BACKEND_CREATE = coded('NAT_ERR_BACKEND_CREATE', 'NIXL backend creation failed: %s', 503)
-export const NAT_ERR_INVALID_ARG = coded('NAT_ERR_INVALID_ARG', 'invalid argument: %s', 400)
-export const NAT_ERR_AGENT_CLOSED = coded('NAT_ERR_AGENT_CLOSED', 'NIXL agent closed: %s', 409)
-export const NAT_ERR_REGISTER = coded('NAT_ERR_REGISTER', 'memory registration failed: %s', 500)
-export const NAT_ERR_DEREGISTER = coded('NAT_ERR_DEREGISTER', 'memory deregistration failed: %s', 500)
-export const NAT_ERR_METADATA_REJECTED = coded('NAT_ERR_METADATA_REJECTED', 'remote metadata rejected: %s', 502)
-export const NAT_ERR_PEER_UNKNOWN = coded('NAT_ERR_PEER_UNKNOWN', 'peer not loaded: %s', 409)
-export const NAT_ERR_PEER_GONE = coded('NAT_ERR_PEER_GONE', 'peer forgotten: %s', 410)
-export const NAT_ERR_PEER_BUSY = coded('NAT_ERR_PEER_BUSY', 'peer has reads in flight: %s', 409)
-export const NAT_ERR_MEMORY_IN_USE = coded('NAT_ERR_MEMORY_IN_USE', 'memory in use by a transfer: %s', 409)
-export const NAT_ERR_REMOTE_DISCONNECT = coded('NAT_ERR_REMOTE_DISCONNECT', 'peer disconnected: %s', 502)
-export const NAT_ERR_XFER_TIMEOUT = coded('NAT_ERR_XFER_TIMEOUT', 'transfer deadline passed: %s', 504)
-export const NAT_ERR_XFER_CANCELED = coded('NAT_ERR_XFER_CANCELED', 'transfer canceled: %s', 499)
-export const NAT_ERR_XFER_TAINTED = coded('NAT_ERR_XFER_TAINTED', 'aborted transfer not yet quiescent: %s', 502)
-export const NAT_ERR_NIXL_INVALID_PARAM = coded('NAT_ERR_NIXL_INVALID_PARAM', 'NIXL rejected a parameter: %s', 400)
-export const NAT_ERR_NIXL_BACKEND = coded('NAT_ERR_NIXL_BACKEND', 'NIXL backend error: %s', 502)
-export const NAT_ERR_NIXL_INVALID_STATE = coded('NAT_ERR_NIXL_INVALID_STATE', 'NIXL invalid state: %s', 500)
-export const NAT_ERR_NIXL_EXCEPTION = coded('NAT_ERR_NIXL_EXCEPTION', 'NIXL raised an exception: %s', 500)
-export const NAT_ERR_NIXL_NOT_FOUND = coded('NAT_ERR_NIXL_NOT_FOUND', 'NIXL found nothing to serve the call: %s', 404)
-export const NAT_ERR_NIXL_UNKNOWN_STATUS = coded('NAT_ERR_NIXL_UNKNOWN_STATUS', 'NIXL returned an unknown status: %s', 502)
-export const NAT_ERR_SHM = coded('NAT_ERR_SHM', 'shared memory failure: %s', 500)
+/** Every constructor by code (the shared factory, common/coded-error.ts), so a code coming back from C++ finds its class. */
+export const nativeErrors = codedErrorsWith<Args>()({
+  NAT_ERR_ADDON_MISSING: { status: 503, message: 'native addon not built: %s' },
+  NAT_ERR_NIXL_NOT_AVAILABLE: { status: 503, message: 'NIXL not available: %s' },
+  NAT_ERR_NIXL_SYMBOL_MISSING: { status: 503, message: 'NIXL C API incomplete: %s' },
+  NAT_ERR_NIXL_STUB: { status: 503, message: 'NIXL stub library refused: %s' },
+  NAT_ERR_ALREADY_LOADED: { status: 409, message: 'a different NIXL is already loaded: %s' },
+  NAT_ERR_PLUGIN_MISSING: { status: 503, message: 'NIXL plugin missing: %s' },
+  NAT_ERR_BACKEND_CREATE: { status: 503, message: 'NIXL backend creation failed: %s' },
+  NAT_ERR_INVALID_ARG: { status: 400, message: 'invalid argument: %s' },
+  NAT_ERR_AGENT_CLOSED: { status: 409, message: 'NIXL agent closed: %s' },
+  NAT_ERR_REGISTER: { status: 500, message: 'memory registration failed: %s' },
+  NAT_ERR_DEREGISTER: { status: 500, message: 'memory deregistration failed: %s' },
+  NAT_ERR_METADATA_REJECTED: { status: 502, message: 'remote metadata rejected: %s' },
+  NAT_ERR_PEER_UNKNOWN: { status: 409, message: 'peer not loaded: %s' },
+  NAT_ERR_PEER_GONE: { status: 410, message: 'peer forgotten: %s' },
+  NAT_ERR_PEER_BUSY: { status: 409, message: 'peer has reads in flight: %s' },
+  NAT_ERR_MEMORY_IN_USE: { status: 409, message: 'memory in use by a transfer: %s' },
+  NAT_ERR_REMOTE_DISCONNECT: { status: 502, message: 'peer disconnected: %s' },
+  NAT_ERR_XFER_TIMEOUT: { status: 504, message: 'transfer deadline passed: %s' },
+  NAT_ERR_XFER_CANCELED: { status: 499, message: 'transfer canceled: %s' },
+  NAT_ERR_XFER_TAINTED: { status: 502, message: 'aborted transfer not yet quiescent: %s' },
+  NAT_ERR_NIXL_INVALID_PARAM: { status: 400, message: 'NIXL rejected a parameter: %s' },
+  NAT_ERR_NIXL_BACKEND: { status: 502, message: 'NIXL backend error: %s' },
+  NAT_ERR_NIXL_INVALID_STATE: { status: 500, message: 'NIXL invalid state: %s' },
+  NAT_ERR_NIXL_EXCEPTION: { status: 500, message: 'NIXL raised an exception: %s' },
+  NAT_ERR_NIXL_NOT_FOUND: { status: 404, message: 'NIXL found nothing to serve the call: %s' },
+  NAT_ERR_NIXL_UNKNOWN_STATUS: { status: 502, message: 'NIXL returned an unknown status: %s' },
+  NAT_ERR_SHM: { status: 500, message: 'shared memory failure: %s' },
+})
 
-/** Every constructor by code, so a code coming back from C++ finds its class. */
-export const nativeErrors = {
+export const {
   NAT_ERR_ADDON_MISSING,
   NAT_ERR_NIXL_NOT_AVAILABLE,
   NAT_ERR_NIXL_SYMBOL_MISSING,
@@ -78,7 +77,7 @@ export const nativeErrors = {
   NAT_ERR_NIXL_NOT_FOUND,
   NAT_ERR_NIXL_UNKNOWN_STATUS,
   NAT_ERR_SHM,
-} as const
+} = nativeErrors
 
 export type NativeErrorCode = keyof typeof nativeErrors
 

@@ -70,13 +70,11 @@ t.test('the simulator table: codes unique, prefixed, documented with their statu
 t.test('one consistency check over every package: codes unique across tables, each documented once', async (t) => {
   const { routerErrors } = await import('../../router/src/errors.js')
   const { nativeErrors } = await import('../../native/errors.js')
-  type Ctor = new (...args: unknown[]) => Error & { code: string }
-  const tables: Record<string, Record<string, Ctor>> = { router: routerErrors as never, sim: simErrors as never, native: nativeErrors as never }
-  const names = Object.values(tables).map((table) => Object.fromEntries(Object.keys(table).map((code) => [code, { code }])))
-  t.same(duplicateCodes(...names), [], 'no code in two tables')
+  const tables: Record<string, Record<string, { code: string }>> = { router: routerErrors, sim: simErrors, native: nativeErrors }
+  t.same(duplicateCodes(...Object.values(tables)), [], 'no code in two tables')
   for (const [pkg, table] of Object.entries(tables)) {
     for (const [name, ctor] of Object.entries(table)) {
-      t.equal(new ctor('a', 'b', 'c', 'd').code, name, `${pkg}: the export name is the code (${name})`)
+      t.equal(ctor.code, name, `${pkg}: the export name is the code (${name})`)
       t.equal([...docs.matchAll(new RegExp(`^\\| \`${name}\` \\|`, 'gm'))].length, 1, `${name} has one row in docs/errors.md`)
     }
   }

@@ -239,8 +239,9 @@ export class PeerTable {
 
   /** READs in flight to `engineId`, over its current and not yet released generations. */
   reads(engineId: string): number {
+    // A dropped generation leaves #peers when it enters #releasing: no double count.
     let n = this.#peers.get(engineId)?.reads ?? 0
-    for (const gen of this.#releasing.get(engineId) ?? []) if (gen !== this.#peers.get(engineId)) n += gen.reads
+    for (const gen of this.#releasing.get(engineId) ?? []) n += gen.reads
     return n
   }
 

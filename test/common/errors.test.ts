@@ -70,7 +70,8 @@ t.test('the simulator table: codes unique, prefixed, documented with their statu
 t.test('one consistency check over every package: codes unique across tables, each documented once', async (t) => {
   const { routerErrors } = await import('../../router/src/errors.js')
   const { nativeErrors } = await import('../../native/errors.js')
-  const tables: Record<string, Record<string, { code: string }>> = { router: routerErrors, sim: simErrors, native: nativeErrors }
+  const { xfaErrors } = await import('../../transfer-agent/src/errors.js')
+  const tables: Record<string, Record<string, { code: string }>> = { router: routerErrors, sim: simErrors, native: nativeErrors, 'transfer-agent': xfaErrors }
   t.same(duplicateCodes(...Object.values(tables)), [], 'no code in two tables')
   for (const [pkg, table] of Object.entries(tables)) {
     for (const [name, ctor] of Object.entries(table)) {

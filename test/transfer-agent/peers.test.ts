@@ -1,5 +1,6 @@
 import t, { type Test } from 'tap'
 import { ManualClock } from '../../common/clock.js'
+import { deferred, type Deferred } from '../../common/deferred.js'
 import type { NixlAgent } from '../../native/agent.js'
 import type { ClockSample } from '../../transfer-agent/src/deadline.js'
 import {
@@ -15,22 +16,6 @@ import {
 // The native gate satisfies the interface the table drives (checked by tsc only).
 const gateShape = (agent: NixlAgent): PeerGate => agent
 void gateShape
-
-interface Deferred<T> {
-  promise: Promise<T>
-  resolve: (v: T) => void
-  reject: (e: unknown) => void
-}
-
-function deferred<T>(): Deferred<T> {
-  let resolve!: (v: T) => void
-  let reject!: (e: unknown) => void
-  const promise = new Promise<T>((res, rej) => {
-    resolve = res
-    reject = rej
-  })
-  return { promise, resolve, reject }
-}
 
 /** Lets every pending promise continuation run (the table's steps are all microtasks). */
 const flush = (): Promise<void> => new Promise((resolve) => setImmediate(resolve))

@@ -1,4 +1,5 @@
 import type { Clock } from '../../common/clock.js'
+import { deferred, type Deferred } from '../../common/deferred.js'
 import type { ClockSample } from './deadline.js'
 import { xfaError, type XfaError } from './errors.js'
 
@@ -99,22 +100,11 @@ export interface PeerTableOptions {
 export const DEFAULT_TOMBSTONE_TTL_MS = 10 * 60_000
 export const DEFAULT_MAX_TOMBSTONES = 4096
 
-interface Deferred<T> {
-  promise: Promise<T>
-  resolve: (v: T) => void
-  reject: (e: unknown) => void
-}
-
-function deferred<T>(): Deferred<T> {
-  let resolve!: (v: T) => void
-  let reject!: (e: unknown) => void
-  const promise = new Promise<T>((res, rej) => {
-    resolve = res
-    reject = rej
-  })
-  // Nobody may be waiting (a peer dropped with no acquire pending): never unhandled.
-  promise.catch(() => undefined)
-  return { promise, resolve, reject }
+/** A deferred nobody may wait on (a peer dropped with no acquire pending): never unhandled. */
+function quietDeferred<T>(): Deferred<T> {
+  const d = deferred<T>()
+  d.promise.catch(() => undefined)
+  return d
 }
 
 interface Generation {
@@ -267,8 +257,8 @@ export class PeerTable {
     const gen: Generation = {
       engineId,
       address,
-      ready: deferred(),
-      released: deferred(),
+      ready: quietDeferred(),
+      released: quietDeferred(),
       abort: new AbortController(),
       answer: undefined,
       state: 'handshaking',

@@ -83,13 +83,32 @@ export function errorCodes(table: Readonly<Record<string, { readonly code: strin
 }
 
 /** Whether `err` was built by one of `table`'s constructors (by its code). */
-export function isTableError<T extends Readonly<Record<string, CodedErrorConstructor>>>(
+// `never` arguments: a table whose constructors take typed arguments (codedErrorsWith) fits too.
+export function isTableError<T extends Readonly<Record<string, CodedErrorConstructor<string, ErrorSpec, never>>>>(
   table: T,
   err: unknown,
 ): err is CodedError<keyof T & string> {
   if (!(err instanceof Error)) return false
   const code = (err as { code?: unknown }).code
-  return typeof code === 'string' && Object.hasOwn(table, code) && err instanceof (table[code] as CodedErrorConstructor)
+  return typeof code === 'string' && Object.hasOwn(table, code) && err instanceof (table[code] as CodedErrorConstructor<string, ErrorSpec, never>)
+}
+
+/**
+ * `new table[code](detail, {cause})`, with every defined field of `details` set on the error:
+ * the packages whose errors carry context (native's NIXL status, the agent's peer) share it.
+ */
+export function errorWithDetails<D extends object>(
+  table: Readonly<Record<string, new (detail: string, options?: { cause?: unknown }) => Error>>,
+  code: string,
+  detail: string,
+  extra: D & { cause?: unknown },
+): Error & Partial<D> {
+  const { cause, ...details } = extra
+  const Ctor = table[code]
+  if (!Ctor) throw new TypeError(`unknown error code ${code}`)
+  const err = cause === undefined ? new Ctor(detail) : new Ctor(detail, { cause })
+  for (const [key, value] of Object.entries(details)) if (value !== undefined) Reflect.set(err, key, value)
+  return err as Error & Partial<D>
 }
 
 /** Codes that appear in more than one of `tables`: a cross-package consistency check. */

@@ -1,5 +1,5 @@
 import type createError from '@fastify/error'
-import { codedErrorsWith } from '../common/coded-error.js'
+import { codedErrorsWith, errorWithDetails } from '../common/coded-error.js'
 
 /**
  * Coded errors of the native addon (`NAT_ERR_*`). Callers branch on `err.code`; the message
@@ -93,12 +93,7 @@ export function nativeError(
   detail: string,
   extra: NativeErrorDetails & { cause?: unknown } = {},
 ): NativeError {
-  const Ctor = nativeErrors[code]
-  const err: NativeError = extra.cause === undefined ? new Ctor(detail) : new Ctor(detail, { cause: extra.cause })
-  if (extra.nixlStatus !== undefined) err.nixlStatus = extra.nixlStatus
-  if (extra.nixlOp !== undefined) err.nixlOp = extra.nixlOp
-  if (extra.peer !== undefined) err.peer = extra.peer
-  return err
+  return errorWithDetails(nativeErrors, code, detail, extra) as NativeError
 }
 
 function field<T extends 'string' | 'number'>(o: object, key: string, type: T): (T extends 'string' ? string : number) | undefined {

@@ -1,7 +1,7 @@
 import { readFileSync } from 'node:fs'
 import { join } from 'node:path'
 import t from 'tap'
-import { codedErrors, codedErrorsWith, duplicateCodes, errorCodes, isTableError } from '../../common/coded-error.js'
+import { codedErrors, codedErrorsWith, duplicateCodes, errorCodes, errorWithDetails, isTableError } from '../../common/coded-error.js'
 import { packageRoot } from '../../common/paths.js'
 import { simErrors } from '../../sim/src/errors.js'
 
@@ -47,6 +47,19 @@ t.test('codedErrors builds @fastify/error constructors named by their codes', as
   t.throws(() => codedErrors({ DEMO_X: { status: 400, message: 'x', code: 'other' } }), /reserved/)
   t.same(duplicateCodes(table, codedErrors({ DEMO_ERR_PLAIN: { status: 400, message: 'again' } }), simErrors), ['DEMO_ERR_PLAIN'])
   t.same(duplicateCodes(table, simErrors), [])
+})
+
+t.test('errorWithDetails: the coded error with its defined context fields and cause', async (t) => {
+  const table = codedErrorsWith<[detail: string, options?: { cause?: unknown }]>()({ DEMO_ERR_PEER: { status: 502, message: 'peer %s' } })
+  t.ok(isTableError(table, new table.DEMO_ERR_PEER('x')), 'a table with typed arguments fits isTableError too')
+  const cause = new Error('socket')
+  const e = errorWithDetails(table, 'DEMO_ERR_PEER', 'p0', { engineId: 'e1', address: undefined, cause })
+  t.equal(e.message, 'peer p0')
+  t.equal(e.engineId, 'e1')
+  t.notOk('address' in e, 'undefined fields are left off')
+  t.equal(e.cause, cause)
+  t.notOk('cause' in errorWithDetails(table, 'DEMO_ERR_PEER', 'p0', {}), 'no cause without one')
+  t.throws(() => errorWithDetails(table, 'DEMO_ERR_NOPE', 'x', {}), TypeError)
 })
 
 t.test('the simulator table: codes unique, prefixed, documented with their status', async (t) => {

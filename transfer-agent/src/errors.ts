@@ -1,5 +1,5 @@
 import type createError from '@fastify/error'
-import { codedErrorsWith } from '../../common/coded-error.js'
+import { codedErrorsWith, errorWithDetails, isTableError } from '../../common/coded-error.js'
 
 /**
  * Coded errors of the transfer agent (`XFA_ERR_*`), built by the factory every package
@@ -41,16 +41,10 @@ export type XfaError = createError.FastifyError & XfaErrorDetails & { code: XfaE
 
 /** Builds a coded error with the peer details attached when there are any. */
 export function xfaError(code: XfaErrorCode, detail: string, extra: XfaErrorDetails & { cause?: unknown } = {}): XfaError {
-  const Ctor = xfaErrors[code]
-  const err: XfaError = extra.cause === undefined ? new Ctor(detail) : new Ctor(detail, { cause: extra.cause })
-  if (extra.engineId !== undefined) err.engineId = extra.engineId
-  if (extra.address !== undefined) err.address = extra.address
-  return err
+  return errorWithDetails(xfaErrors, code, detail, extra) as XfaError
 }
 
 /** Whether `err` was built by this table (by its code and class, not a look-alike). */
 export function isXfaError(err: unknown): err is XfaError {
-  if (!(err instanceof Error)) return false
-  const code = (err as { code?: unknown }).code
-  return typeof code === 'string' && Object.hasOwn(xfaErrors, code) && err instanceof xfaErrors[code as XfaErrorCode]
+  return isTableError(xfaErrors, err)
 }

@@ -20,13 +20,11 @@ type LeaseState = 'none' | 'issued' | 'reading' | 'done' | 'released'
 
 /**
  * One prompt's handoff inside an exchange: its own engine request id (fresh, so a client
- * retry that reuses its X-Request-Id never collides inside an engine), the pair it runs on and
- * its lease. The ledger is told each transition here and nowhere else.
+ * retry that reuses its X-Request-Id never collides inside an engine) and its lease. The ledger
+ * is told each transition here and nowhere else.
  */
 export class Handoff {
   readonly engineRequestId: string
-  prefill: string | undefined
-  decode: string | undefined
   #lease: LeaseState = 'none'
   #failedLeg: 'decode' | undefined
   readonly #ex: Exchange
@@ -38,8 +36,6 @@ export class Handoff {
 
   /** P answered with kv_transfer_params: its blocks are pinned for this handoff. */
   issue(params: Record<string, unknown>, prefill: string, decode: string): void {
-    this.prefill = prefill
-    this.decode = decode
     this.#lease = 'issued'
     const remote = params.remote_request_id
     this.#ex.deps.ledger.issue({
@@ -56,7 +52,6 @@ export class Handoff {
 
   /** The params went to another decoder after the first refused the connection. */
   redirect(decode: string): void {
-    this.decode = decode
     if (this.#lease === 'issued') this.#ex.deps.ledger.redirect(this.engineRequestId, decode)
   }
 
@@ -101,7 +96,7 @@ export class Exchange {
   readonly log: FastifyBaseLogger
   readonly deps: ExchangeDeps
   mode: Route['mode'] | 'none' = 'none'
-  readonly handoffs: Handoff[] = []
+  readonly #handoffs: Handoff[] = []
   readonly #abort = new AbortController()
   readonly #held: string[] = []
   #outcome: Outcome | undefined
@@ -119,17 +114,13 @@ export class Exchange {
     reply.raw.once('close', () => {
       const finished = reply.raw.writableFinished
       if (!finished) this.#abort.abort(new ClientGone())
-      this.settle(finished ? (this.#outcome ?? 'ok') : 'client_gone')
+      this.#settle(finished ? (this.#outcome ?? 'ok') : 'client_gone')
     })
-  }
-
-  get settled(): boolean {
-    return this.#settled
   }
 
   handoff(engineRequestId: string): Handoff {
     const h = new Handoff(this, engineRequestId)
-    this.handoffs.push(h)
+    this.#handoffs.push(h)
     return h
   }
 
@@ -163,13 +154,13 @@ export class Exchange {
     this.#abort.abort(reason)
   }
 
-  settle(outcome: Outcome): void {
+  #settle(outcome: Outcome): void {
     if (this.#settled) return
     this.#settled = true
     const { metrics, clock, registry } = this.deps
     if (outcome !== 'ok' && !this.signal.aborted) this.#abort.abort(new ClientGone())
     for (const id of this.#held.splice(0)) registry.release(id)
-    for (const h of this.handoffs) h.end(outcome)
+    for (const h of this.#handoffs) h.end(outcome)
     metrics.inflight.dec()
     metrics.requests.inc({ mode: this.mode, outcome })
     metrics.requestDuration.observe({

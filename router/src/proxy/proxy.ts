@@ -78,10 +78,10 @@ export class CompletionProxy {
   }
 
   async #batch(ex: Exchange, reply: FastifyReply, body: Body, bodies: Body[], path: string): Promise<FastifyReply> {
-    const answers = await Promise.all(bodies.map((b) => this.#runner.run(ex, b, path))).catch((err: unknown) => {
-      ex.abortUpstream(new BatchAborted())
-      throw err
-    })
+    const answers = await allOrStop(
+      ex,
+      bodies.map((b) => this.#runner.run(ex, b, path)),
+    )
     const bad = answers.find((a) => a.kind === 'engine-error' || a.answer.res.statusCode >= 400)
     if (bad) {
       // The first failed prompt answers for the batch; the other prompts' legs are stopped.
@@ -94,7 +94,8 @@ export class CompletionProxy {
     const ok = answers as (Answer & { kind: 'upstream' })[]
     const { upstream } = this.#deps
     if (!wantsStream(body)) {
-      const parsed = await Promise.all(
+      const parsed = await allOrStop(
+        ex,
         ok.map(async (a) => {
           const buf = await upstream.readAll(a.call, a.answer)
           a.handoff.done()
@@ -104,10 +105,7 @@ export class CompletionProxy {
             throw upstream.fail(a.call, { kind: 'bad-response', detail: 'answer is not JSON', cause: err })
           }
         }),
-      ).catch((err: unknown) => {
-        ex.abortUpstream(new BatchAborted())
-        throw err
-      })
+      )
       return reply.code(200).type(JSON_TYPE).send(mergeCompletions(body, parsed))
     }
     const streams = ok.map((a) => firstChunkMarks(a.answer.res.body as AsyncIterable<Buffer>, a.handoff))
@@ -134,6 +132,16 @@ export class CompletionProxy {
     const mapped: Mapped = err instanceof LegFailure ? err.error : isRouterError(err) ? err : new RTR_ERR_INTERNAL((err as Error)?.message ?? String(err), { cause: err })
     ex.outcome(mapped.code)
     throw mapped
+  }
+}
+
+/** Every sub-request's result; the first failure stops the other prompts' legs. */
+async function allOrStop<T>(ex: Exchange, work: Promise<T>[]): Promise<T[]> {
+  try {
+    return await Promise.all(work)
+  } catch (err) {
+    ex.abortUpstream(new BatchAborted())
+    throw err
   }
 }
 

@@ -26,11 +26,7 @@ export interface UpstreamCall {
 
 /** An upstream leg that failed, already mapped to the router error the client will see. */
 export class LegFailure extends Error {
-  constructor(
-    readonly leg: Leg,
-    readonly target: string,
-    readonly error: CodedError & { code: RouterErrorCode },
-  ) {
+  constructor(readonly error: CodedError & { code: RouterErrorCode }) {
     super(error.message)
   }
 
@@ -116,10 +112,10 @@ export class Upstream {
 
   fail(call: UpstreamCall, failure: UpstreamFailure): LegFailure {
     const error = mapUpstreamFailure(failure, call.leg, call.target.id)
-    const leg = new LegFailure(call.leg, call.target.id, error)
-    if (leg.retryable) this.#registry.recordFailure(call.target.id)
+    const failed = new LegFailure(error)
+    if (failed.retryable) this.#registry.recordFailure(call.target.id)
     this.#metrics.upstreamErrors.inc({ leg: call.leg, code: error.code })
-    return leg
+    return failed
   }
 
   #failure(call: UpstreamCall, signal: AbortSignal, err: unknown): Error {

@@ -28,6 +28,15 @@ t.test('two-process READs over UCX', { skip }, async (t) => {
 
   const MiB = 1 << 20
   const sizes = [4096, 64 * 1024, MiB, 16 * MiB, 64 * MiB]
+  /** The first remote block i that did not land in local slot count − 1 − i (the scatter both block tests use), or −1. */
+  const firstMisplacedBlock = (local: Buffer, count: number, block: number): number => {
+    const expected = patternBuffer(64 * MiB, sizes.indexOf(64 * MiB) + 1)
+    for (let i = 0; i < count; i++) {
+      const got = local.subarray((count - 1 - i) * block, (count - i) * block)
+      if (!got.equals(expected.subarray(i * block, (i + 1) * block))) return i
+    }
+    return -1
+  }
   const local = Buffer.alloc(64 * MiB)
   const registration = await reader.registerMemory(local)
   const localAddr = addressOf(local)
@@ -72,13 +81,7 @@ t.test('two-process READs over UCX', { skip }, async (t) => {
     local.fill(0)
     const res = await reader.read(peer, packDescriptors(localDescs), packDescriptors(remote), { timeoutMs: 20_000 })
     t.equal(res.bytes, count * block)
-    const expected = patternBuffer(64 * MiB, sizes.indexOf(64 * MiB) + 1)
-    let bad = -1
-    for (let i = 0; i < count && bad < 0; i++) {
-      const got = local.subarray((count - 1 - i) * block, (count - i) * block)
-      if (!got.equals(expected.subarray(i * block, (i + 1) * block))) bad = i
-    }
-    t.equal(bad, -1, 'every block landed in its slot')
+    t.equal(firstMisplacedBlock(local, count, block), -1, 'every block landed in its slot')
   })
 
   await t.test('prepared block lists: 1,024 x 16 KiB by index', async (t) => {
@@ -97,13 +100,7 @@ t.test('two-process READs over UCX', { skip }, async (t) => {
     local.fill(0)
     const res = await reader.readBlocks(peer, mine, localIdx, theirs, remoteIdx, { timeoutMs: 20_000 })
     t.equal(res.bytes, count * block)
-    const expected = patternBuffer(64 * MiB, sizes.indexOf(64 * MiB) + 1)
-    let bad = -1
-    for (let i = 0; i < count && bad < 0; i++) {
-      const got = local.subarray((count - 1 - i) * block, (count - i) * block)
-      if (!got.equals(expected.subarray(i * block, (i + 1) * block))) bad = i
-    }
-    t.equal(bad, -1, 'every block landed in its slot')
+    t.equal(firstMisplacedBlock(local, count, block), -1, 'every block landed in its slot')
     await t.rejects(reader.readBlocks(peer, mine, [0], theirs, [mine.count + 10]), { code: 'NAT_ERR_INVALID_ARG' }, 'index out of range')
     await t.rejects(reader.readBlocks(peer, theirs, [0], mine, [0]), { code: 'NAT_ERR_INVALID_ARG' }, 'lists swapped')
     await reader.releaseBlocks(mine)
@@ -185,3 +182,4 @@ t.test('two-process READs over UCX', { skip }, async (t) => {
 
   await target.call({ cmd: 'exit' }).catch(() => undefined)
 })
+

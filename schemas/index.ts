@@ -1,4 +1,18 @@
 import type { TSchema } from 'typebox'
+import {
+  AgentAttach,
+  AgentAttached,
+  AgentEvent,
+  AgentEvents,
+  LeaseGranted,
+  LeaseRequest,
+  PeerGoneRequest,
+  PeerHandshake,
+  PullDone,
+  PullFailed,
+  PullRequest,
+} from './agent-api.js'
+import { AgentConfig } from './agent-config.js'
 import { KvTransferParams } from './kv-transfer-params.js'
 import {
   ChatCompletionRequest,
@@ -33,6 +47,18 @@ export const sharedSchemas: readonly TSchema[] = [
   InstanceConfig,
   RouterConfig,
   SimConfig,
+  AgentConfig,
+  AgentAttach,
+  AgentAttached,
+  LeaseRequest,
+  LeaseGranted,
+  PullRequest,
+  PullDone,
+  PullFailed,
+  AgentEvent,
+  AgentEvents,
+  PeerHandshake,
+  PeerGoneRequest,
 ]
 
 export function schemaId(schema: TSchema): string {

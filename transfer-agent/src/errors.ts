@@ -24,6 +24,17 @@ export const xfaErrors = codedErrorsWith<Args>()({
   XFA_ERR_HANDSHAKE_FAILED: { status: 502, message: 'handshake failed: %s' },
   XFA_ERR_ENGINE_ID_MISMATCH: { status: 502, message: 'handshake answered with another engine_id: %s' },
   XFA_ERR_KV_EXPIRED: { status: 410, message: 'KV lease expired: %s' },
+  XFA_ERR_READ_FAILED: { status: 502, message: 'KV read failed: %s' },
+  XFA_ERR_PULL_CANCELED: { status: 409, message: 'pull canceled: %s' },
+  XFA_ERR_PULL_EXISTS: { status: 409, message: 'a pull for this request is in flight: %s' },
+  XFA_ERR_LEASE_EXISTS: { status: 409, message: 'lease exists: %s' },
+  XFA_ERR_BLOCKS_LEASED: { status: 409, message: 'blocks already leased: %s' },
+  XFA_ERR_NOT_ATTACHED: { status: 409, message: 'no engine attached: %s' },
+  XFA_ERR_ATTACH_FAILED: { status: 500, message: 'attach failed: %s' },
+  XFA_ERR_UNAUTHORIZED: { status: 401, message: 'unauthorized: %s' },
+  XFA_ERR_NOT_FOUND: { status: 404, message: 'not found: %s' },
+  XFA_ERR_NIXL_UNAVAILABLE: { status: 503, message: 'NIXL not available: %s' },
+  XFA_ERR_SHUTTING_DOWN: { status: 503, message: 'shutting down: %s' },
 })
 
 export const {
@@ -33,6 +44,17 @@ export const {
   XFA_ERR_HANDSHAKE_FAILED,
   XFA_ERR_ENGINE_ID_MISMATCH,
   XFA_ERR_KV_EXPIRED,
+  XFA_ERR_READ_FAILED,
+  XFA_ERR_PULL_CANCELED,
+  XFA_ERR_PULL_EXISTS,
+  XFA_ERR_LEASE_EXISTS,
+  XFA_ERR_BLOCKS_LEASED,
+  XFA_ERR_NOT_ATTACHED,
+  XFA_ERR_ATTACH_FAILED,
+  XFA_ERR_UNAUTHORIZED,
+  XFA_ERR_NOT_FOUND,
+  XFA_ERR_NIXL_UNAVAILABLE,
+  XFA_ERR_SHUTTING_DOWN,
 } = xfaErrors
 
 export type XfaErrorCode = keyof typeof xfaErrors

@@ -74,13 +74,15 @@ export class HeartbeatRegistry {
 
   /**
    * Records a heartbeat send for one request (call it for every id of an `HB:` message).
-   * `ok: false` (the notification could not be posted) breaks the chain for good.
+   * `ok: false` (the notification could not be posted) breaks the chain for good. `at` is
+   * when the send started (default now): record the time from before the send, never after,
+   * or a process paused between the two would claim a later extension than P granted.
    * Returns the record, or undefined for a pull that is not tracked (already ended).
    */
-  sent(engineId: string, requestId: string, ok: boolean): HeartbeatRecord | undefined {
+  sent(engineId: string, requestId: string, ok: boolean, at?: number): HeartbeatRecord | undefined {
     const record = this.#byEngine.get(engineId)?.get(requestId)
     if (!record) return undefined
-    const now = this.#clock.monotonic()
+    const now = at ?? this.#clock.monotonic()
     if (record.lastSentAt !== undefined) record.maxGapMs = Math.max(record.maxGapMs, now - record.lastSentAt)
     record.firstSentAt ??= now
     record.lastSentAt = now

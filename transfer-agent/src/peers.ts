@@ -21,6 +21,16 @@ export interface HandshakeResult {
   readonly clock: ClockSample
   /** The peer advertised the disconnect probe (it runs our addon); passed to `loadPeer`. */
   readonly probe?: boolean
+  /** The peer's KV region, for preparing its blocks once per handshake. */
+  readonly region?: PeerRegion
+}
+
+/** Where a peer's KV blocks are in its address space (from the handshake). */
+export interface PeerRegion {
+  readonly addr: bigint
+  readonly len: number
+  readonly blockBytes: number
+  readonly numBlocks: number
 }
 
 /**
@@ -60,6 +70,7 @@ export interface PeerLease {
   readonly metadata: Buffer
   readonly clock: ClockSample
   readonly probe: boolean
+  readonly region: PeerRegion | undefined
   /**
    * Aborts (reason: XFA_ERR_PEER_GONE or XFA_ERR_PEER_DISCONNECTED) when the peer is dropped
    * while this lease is held: check it before posting; passing it to the READ cancels it.
@@ -390,6 +401,7 @@ export class PeerTable {
       metadata: answer.metadata,
       clock: answer.clock,
       probe: answer.probe ?? false,
+      region: answer.region,
       signal: gen.abort.signal,
       release: () => {
         if (!held) return

@@ -1,0 +1,32 @@
+import Type, { type Static } from 'typebox'
+
+/** The transfer agent's settings (`handoff agent` flags map onto these, kebab-case). */
+export const AgentConfig = Type.Object(
+  {
+    // One address for the engine's loopback API and for peers' handshakes. Bind a routable
+    // address only where peers are on other hosts; the engine API then needs the agent token.
+    host: Type.String({ default: '127.0.0.1' }),
+    port: Type.Integer({ minimum: 0, maximum: 65535, default: 0 }),
+    // What peers are told to dial (remote_host); default: host.
+    advertiseHost: Type.Optional(Type.String({ minLength: 1 })),
+    // kv_lease_duration: must equal the prefiller's (protocol reference §2.4).
+    leaseSeconds: Type.Number({ exclusiveMinimum: 0, default: 30 }),
+    // The safety part of the deadline margin (DESIGN "Deadlines"), capped at lease / 4.
+    safetyMs: Type.Number({ minimum: 0, default: 5000 }),
+    // Heartbeat period; default lease / 6, as vLLM.
+    heartbeatMs: Type.Optional(Type.Number({ exclusiveMinimum: 0 })),
+    // A READ still in progress after this long is aborted (NIXL has no timeout of its own).
+    readTimeoutMs: Type.Integer({ minimum: 1, default: 30000 }),
+    handshakeTimeoutMs: Type.Integer({ minimum: 1, default: 5000 }),
+    // The router to register with (optional).
+    routerUrl: Type.Optional(Type.String({ pattern: '^https?://' })),
+    // Needed on the engine API and by the router, when set.
+    agentToken: Type.Optional(Type.String({ minLength: 1 })),
+    nixlLibDir: Type.Optional(Type.String({ minLength: 1 })),
+    // TEST ONLY: skip both lease checks, to prove a scenario test can see stale reads.
+    unsafeSkipDeadlineChecks: Type.Boolean({ default: false }),
+    logLevel: Type.String({ default: 'info' }),
+  },
+  { $id: 'AgentConfig', additionalProperties: false },
+)
+export type AgentConfig = Static<typeof AgentConfig>

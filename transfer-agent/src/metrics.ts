@@ -1,0 +1,67 @@
+import { Counter, Gauge, Histogram, Registry } from 'prom-client'
+
+/** The agent's Prometheus metrics (DESIGN "Observability"), on a private registry. */
+export function createAgentMetrics() {
+  const registry = new Registry()
+  const registers = [registry]
+  const fast = [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30]
+  return {
+    registry,
+    pulls: new Counter({
+      name: 'handoff_agent_pulls_total',
+      help: 'Pulls by outcome (ok, kv_expired, peer_gone, disconnected, handshake_failed, read_failed, canceled, invalid)',
+      labelNames: ['outcome'] as const,
+      registers,
+    }),
+    kvExpired: new Counter({
+      name: 'handoff_agent_kv_expired_total',
+      help: "Pulls failed because P's lease was not surely alive: by reason and by check (before_read, after_read)",
+      labelNames: ['reason', 'check'] as const,
+      registers,
+    }),
+    readBytes: new Counter({ name: 'handoff_agent_read_bytes_total', help: 'KV bytes READ from prefillers', registers }),
+    readSeconds: new Histogram({ name: 'handoff_agent_read_seconds', help: 'NIXL READ time of a pull', buckets: fast, registers }),
+    beforeReadSeconds: new Histogram({
+      name: 'handoff_agent_pull_before_read_seconds',
+      help: 'From accepting a pull to posting its READ (handshake and checks included)',
+      buckets: fast,
+      registers,
+    }),
+    pullSeconds: new Histogram({ name: 'handoff_agent_pull_seconds', help: 'Whole pull, accepted to answered', buckets: fast, registers }),
+    taintedBlocks: new Gauge({
+      name: 'handoff_agent_tainted_blocks',
+      help: 'Destination blocks of failed READs not yet quiescent (kept from the engine)',
+      registers,
+    }),
+    peers: new Gauge({ name: 'handoff_agent_peers', help: 'Peers by state (handshaking, ready, releasing)', labelNames: ['state'] as const, registers }),
+    peerReleases: new Counter({
+      name: 'handoff_agent_peer_releases_total',
+      help: "Peers whose NIXL state was released, by reason (peer_gone, engine_id_changed, disconnect)",
+      labelNames: ['reason'] as const,
+      registers,
+    }),
+    handshakes: new Counter({ name: 'handoff_agent_handshakes_total', help: 'Handshakes sent, by outcome', labelNames: ['outcome'] as const, registers }),
+    heartbeats: new Counter({
+      name: 'handoff_agent_heartbeats_total',
+      help: 'HB: messages sent to prefillers, by outcome (ok, failed)',
+      labelNames: ['outcome'] as const,
+      registers,
+    }),
+    heartbeatsReceived: new Counter({
+      name: 'handoff_agent_heartbeats_received_total',
+      help: 'Request ids in HB: messages received, by whether the lease was still held (extended, unknown)',
+      labelNames: ['result'] as const,
+      registers,
+    }),
+    leases: new Gauge({ name: 'handoff_agent_leases', help: 'KV leases held for the engine (prefiller)', registers }),
+    leasesEnded: new Counter({
+      name: 'handoff_agent_leases_ended_total',
+      help: 'KV leases ended, by reason (read_done, released, expired)',
+      labelNames: ['reason'] as const,
+      registers,
+    }),
+    engineEventsPending: new Gauge({ name: 'handoff_agent_engine_events_pending', help: 'Events the engine has not acknowledged', registers }),
+  }
+}
+
+export type AgentMetrics = ReturnType<typeof createAgentMetrics>

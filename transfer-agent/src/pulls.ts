@@ -1,0 +1,288 @@
+import type { Clock } from '../../common/clock.js'
+import { isTainted, type PreparedBlocks } from '../../native/index.js'
+import type { PullDone, PullRequest } from '../../schemas/agent-api.js'
+import { checkLease, toLocalExpiry, type LeaseDeclineReason, type LocalExpiry } from './deadline.js'
+import { isXfaError, xfaError, type XfaError, type XfaErrorCode } from './errors.js'
+import type { HeartbeatRegistry } from './heartbeats.js'
+import type { PeerLease, PeerRegion, PeerTable } from './peers.js'
+
+/**
+ * The decoder's pull (DESIGN "Transfer agent"): one engine request's blocks READ from a
+ * prefiller, under P's lease. In order:
+ * 1. check the request against the attached region (ids in range, one pull per request id);
+ * 2. start the heartbeat record (heartbeats are due from here until the READ is done);
+ * 3. take a peer lease (handshake once per engine_id), prepare P's region once per handshake;
+ * 4. check P's lease on our clock, post the READ, and check again when it completes, so a
+ *    lease that ran out while the READ was in flight is caught too;
+ * 5. on any failure, report every destination block invalid; a READ that may still write
+ *    (tainted) keeps them out of the engine's hands until the native gate says it is quiescent.
+ * The native agent, peer table, heartbeats and clock are injected; nothing here does I/O.
+ */
+
+/** What a pull needs from the attached engine's NIXL side (attachment.ts, or a fake). */
+export interface PullTarget {
+  readonly numBlocks: number
+  readonly blockBytes: number
+  /** The local region prepared as blocks. */
+  readonly blocks: PreparedBlocks
+  readonly nixl: {
+    prepareRemoteBlocks(engineId: string, region: { addr: bigint; len: number }, blockBytes: number): Promise<PreparedBlocks>
+    readBlocks(
+      engineId: string,
+      local: PreparedBlocks,
+      localIdx: readonly number[],
+      remote: PreparedBlocks,
+      remoteIdx: readonly number[],
+      opts: { notif?: string; timeoutMs?: number; signal?: AbortSignal },
+    ): Promise<{ bytes: number; micros: number }>
+  }
+}
+
+export type PullOutcome = 'ok' | 'kv_expired' | 'peer_gone' | 'disconnected' | 'handshake_failed' | 'read_failed' | 'canceled' | 'invalid'
+
+export interface PullReport {
+  requestId: string
+  remoteEngineId: string
+  outcome: PullOutcome
+  /** Where the lease check declined (kv_expired only). */
+  expired?: { reason: LeaseDeclineReason; at: 'before_read' | 'after_read' }
+  bytes: number
+  /** Accepted → READ posted, ms (the agent's own overhead before the READ). */
+  beforeReadMs: number | undefined
+  /** READ time reported by NIXL, µs. */
+  readMicros: number | undefined
+  pullMs: number
+  tainted: boolean
+}
+
+export interface PullerOptions {
+  clock: Clock
+  peers: PeerTable
+  heartbeats: HeartbeatRegistry
+  /** The attached engine, or undefined before attach. */
+  target: () => PullTarget | undefined
+  /** D's kv_lease_duration, ms: caps the margin (must equal P's). */
+  leaseMs: number
+  safetyMs: number
+  readTimeoutMs: number
+  /** False only for the test switch that proves the scenario tests can see stale reads. */
+  checkDeadlines: boolean
+  /** Once per failed pull, when its destination blocks may be reused (after quiescence). */
+  onQuiesced: (requestId: string, blockIds: readonly number[]) => void
+  /** Once per pull, when it settles (metrics, logs); must not throw. */
+  onSettled?: (report: PullReport) => void
+}
+
+/** A failed pull, as the API answers it. */
+export interface PullFailure {
+  error: XfaError
+  invalidBlockIds: number[]
+  tainted: boolean
+}
+
+export function isPullFailure(x: unknown): x is PullFailure {
+  return typeof x === 'object' && x !== null && isXfaError((x as PullFailure).error) && Array.isArray((x as PullFailure).invalidBlockIds)
+}
+
+const OUTCOME: Partial<Record<XfaErrorCode, PullOutcome>> = {
+  XFA_ERR_KV_EXPIRED: 'kv_expired',
+  XFA_ERR_PEER_GONE: 'peer_gone',
+  XFA_ERR_PEER_DISCONNECTED: 'disconnected',
+  XFA_ERR_HANDSHAKE_FAILED: 'handshake_failed',
+  XFA_ERR_ENGINE_ID_MISMATCH: 'handshake_failed',
+  XFA_ERR_READ_FAILED: 'read_failed',
+  XFA_ERR_PULL_CANCELED: 'canceled',
+}
+
+export class Puller {
+  readonly #o: PullerOptions
+  /** Decoder request ids with a pull in flight. */
+  readonly #inFlight = new Set<string>()
+  /** P's region prepared once per handshake (keyed by that handshake's metadata buffer). */
+  readonly #remoteLists = new WeakMap<Buffer, Promise<PreparedBlocks>>()
+  #taintedBlocks = 0
+
+  constructor(opts: PullerOptions) {
+    this.#o = opts
+  }
+
+  get inFlight(): number {
+    return this.#inFlight.size
+  }
+
+  /** Destination blocks of failed READs that NIXL has not yet confirmed done. */
+  get taintedBlocks(): number {
+    return this.#taintedBlocks
+  }
+
+  /** Resolves when the bytes are in place; rejects with a PullFailure. */
+  async pull(req: PullRequest, signal: AbortSignal): Promise<PullDone> {
+    const o = this.#o
+    const started = o.clock.monotonic()
+    const target = o.target()
+    const refused = !target
+      ? xfaError('XFA_ERR_NOT_ATTACHED', 'attach the engine before pulling')
+      : this.#inFlight.has(req.requestId)
+        ? xfaError('XFA_ERR_PULL_EXISTS', req.requestId)
+        : o.heartbeats.get(req.remoteEngineId, req.remoteRequestId)
+          ? xfaError('XFA_ERR_PULL_EXISTS', `remote request ${req.remoteRequestId} is being pulled by another request`)
+          : validate(req, target)
+    if (refused || !target) {
+      // Nothing was read: the engine may reuse the blocks at once (one event per failed pull).
+      o.onQuiesced(req.requestId, req.localBlockIds)
+      throw failure(refused ?? xfaError('XFA_ERR_NOT_ATTACHED', 'no engine'), [...req.localBlockIds], false)
+    }
+    this.#inFlight.add(req.requestId)
+    o.heartbeats.start(req.remoteEngineId, req.remoteRequestId)
+    const report: PullReport = {
+      requestId: req.requestId,
+      remoteEngineId: req.remoteEngineId,
+      outcome: 'ok',
+      bytes: 0,
+      beforeReadMs: undefined,
+      readMicros: undefined,
+      pullMs: 0,
+      tainted: false,
+    }
+    let peer: PeerLease | undefined
+    try {
+      peer = await o.peers.acquire(req.remoteEngineId, `${req.remoteHost}:${req.remotePort}`)
+      if (signal.aborted) throw xfaError('XFA_ERR_PULL_CANCELED', 'the engine went away during the handshake')
+      const remote = await this.#remoteList(target, peer)
+      const outOfRange = req.remoteBlockIds.find((b) => b >= remote.count)
+      if (outOfRange !== undefined) throw xfaError('XFA_ERR_INVALID_ARG', `remote block ${outOfRange} outside the peer's ${remote.count} blocks`)
+      const expiry = req.remoteBlocksExpiryTime === null ? undefined : toLocalExpiry(req.remoteBlocksExpiryTime, peer.clock)
+
+      this.#check(req, expiry, 'before_read', report)
+      report.beforeReadMs = o.clock.monotonic() - started
+      const result = await this.#read(target, remote, req, peer, signal)
+      report.readMicros = result.micros
+      this.#check(req, expiry, 'after_read', report)
+      report.bytes = result.bytes
+      report.pullMs = o.clock.monotonic() - started
+      return { requestId: req.requestId, bytes: result.bytes, readMicros: result.micros, pullMicros: report.pullMs * 1000 }
+    } catch (err) {
+      const f = isPullFailure(err) ? err : this.#failure(err, req, peer)
+      report.outcome = OUTCOME[f.error.code] ?? 'invalid'
+      report.tainted = f.tainted
+      report.pullMs = o.clock.monotonic() - started
+      throw f
+    } finally {
+      o.heartbeats.end(req.remoteEngineId, req.remoteRequestId)
+      peer?.release()
+      this.#inFlight.delete(req.requestId)
+      try {
+        o.onSettled?.(report)
+      } catch {
+        // Metrics and logs must not change a pull's answer.
+      }
+    }
+  }
+
+  /** The lease check; a decline throws XFA_ERR_KV_EXPIRED with the reason. */
+  #check(req: PullRequest, expiry: LocalExpiry | undefined, at: 'before_read' | 'after_read', report: PullReport): void {
+    const o = this.#o
+    if (!expiry || !o.checkDeadlines) return
+    const verdict = checkLease(o.clock.monotonic(), {
+      expiry,
+      heartbeats: o.heartbeats.get(req.remoteEngineId, req.remoteRequestId),
+      leaseMs: o.leaseMs,
+      safetyMs: o.safetyMs,
+    })
+    if (verdict.ok) return
+    report.expired = { reason: verdict.reason, at }
+    const late = Math.round(o.clock.monotonic() - verdict.deadline)
+    throw xfaError('XFA_ERR_KV_EXPIRED', `${req.remoteEngineId}/${req.remoteRequestId}: ${verdict.reason} ${at.replace('_', ' ')}, ${late} ms past the deadline`, {
+      engineId: req.remoteEngineId,
+    })
+  }
+
+  #remoteList(target: PullTarget, peer: PeerLease): Promise<PreparedBlocks> {
+    let list = this.#remoteLists.get(peer.metadata)
+    if (!list) {
+      const region = peer.region
+      list = region ? prepare(target, peer.engineId, region) : Promise.reject(xfaError('XFA_ERR_HANDSHAKE_FAILED', `${peer.engineId} sent no KV region`, { engineId: peer.engineId }))
+      // A failed prepare is not cached: the next pull tries again.
+      list.catch(() => this.#remoteLists.delete(peer.metadata))
+      this.#remoteLists.set(peer.metadata, list)
+    }
+    return list
+  }
+
+  async #read(target: PullTarget, remote: PreparedBlocks, req: PullRequest, peer: PeerLease, signal: AbortSignal): Promise<{ bytes: number; micros: number }> {
+    // One signal for the READ: the engine going away, or the peer being dropped meanwhile.
+    const abort = new AbortController()
+    const onAbort = (): void => abort.abort(signal.aborted ? signal.reason : peer.signal.reason)
+    if (signal.aborted || peer.signal.aborted) onAbort()
+    signal.addEventListener('abort', onAbort, { once: true })
+    peer.signal.addEventListener('abort', onAbort, { once: true })
+    try {
+      return await target.nixl.readBlocks(peer.engineId, target.blocks, req.localBlockIds, remote, req.remoteBlockIds, {
+        // P frees the blocks when this arrives: vLLM's read-done message, `<P id>:<consumers>`.
+        notif: `${req.remoteRequestId}:1`,
+        timeoutMs: this.#o.readTimeoutMs,
+        signal: abort.signal,
+      })
+    } finally {
+      signal.removeEventListener('abort', onAbort)
+      peer.signal.removeEventListener('abort', onAbort)
+    }
+  }
+
+  /** Any failure → the coded answer; taints and disconnects handled once here. */
+  #failure(err: unknown, req: PullRequest, peer: PeerLease | undefined): PullFailure {
+    const blocks = [...req.localBlockIds]
+    if (isXfaError(err)) {
+      this.#o.onQuiesced(req.requestId, blocks)
+      return failure(err, blocks, false)
+    }
+    const e = err as { code?: string; message?: string }
+    if (e.code === 'NAT_ERR_REMOTE_DISCONNECT' || e.code === 'NAT_ERR_PEER_UNKNOWN') peer?.markDisconnected()
+    let code: XfaErrorCode = 'XFA_ERR_READ_FAILED'
+    if (e.code === 'NAT_ERR_XFER_CANCELED' || e.code === 'NAT_ERR_AGENT_CLOSED') code = 'XFA_ERR_PULL_CANCELED'
+    if (peer?.signal.aborted) code = isXfaError(peer.signal.reason) ? peer.signal.reason.code : code
+    const error = xfaError(code, `${req.remoteEngineId}/${req.remoteRequestId}: ${e.code ?? ''} ${e.message ?? String(err)}`.trim(), {
+      engineId: req.remoteEngineId,
+      cause: err,
+    })
+    if (isTainted(err)) {
+      // Bytes may still land in these blocks: the engine gets them back only once NIXL says done.
+      this.#taintedBlocks += blocks.length
+      void err.quiesced.then(() => {
+        this.#taintedBlocks -= blocks.length
+        this.#o.onQuiesced(req.requestId, blocks)
+      })
+      return failure(error, blocks, true)
+    }
+    this.#o.onQuiesced(req.requestId, blocks)
+    return failure(error, blocks, false)
+  }
+}
+
+function failure(error: XfaError, invalidBlockIds: number[], tainted: boolean): PullFailure {
+  return { error, invalidBlockIds, tainted }
+}
+
+function prepare(target: PullTarget, engineId: string, region: PeerRegion): Promise<PreparedBlocks> {
+  if (region.blockBytes !== target.blockBytes) {
+    return Promise.reject(
+      xfaError('XFA_ERR_HANDSHAKE_FAILED', `${engineId} has ${region.blockBytes}-byte blocks, this engine ${target.blockBytes}`, { engineId }),
+    )
+  }
+  return target.nixl.prepareRemoteBlocks(engineId, { addr: region.addr, len: region.numBlocks * region.blockBytes }, region.blockBytes)
+}
+
+/** What is wrong with the request for this region, or undefined. */
+function validate(req: PullRequest, target: PullTarget): XfaError | undefined {
+  const bad = (detail: string): XfaError => xfaError('XFA_ERR_INVALID_ARG', detail)
+  if (req.localBlockIds.length !== req.remoteBlockIds.length) {
+    return bad(`${req.localBlockIds.length} local blocks for ${req.remoteBlockIds.length} remote blocks`)
+  }
+  const seen = new Set<number>()
+  for (const b of req.localBlockIds) {
+    if (b >= target.numBlocks) return bad(`local block ${b} outside the region (0..${target.numBlocks - 1})`)
+    if (seen.has(b)) return bad(`local block ${b} listed twice`)
+    seen.add(b)
+  }
+  return undefined
+}

@@ -18,8 +18,6 @@ export const AgentConfig = Type.Object(
     // A READ still in progress after this long is aborted (NIXL has no timeout of its own).
     readTimeoutMs: Type.Integer({ minimum: 1, default: 30000 }),
     handshakeTimeoutMs: Type.Integer({ minimum: 1, default: 5000 }),
-    // The router to register with (optional).
-    routerUrl: Type.Optional(Type.String({ pattern: '^https?://' })),
     // Needed on the engine API and by the router, when set.
     agentToken: Type.Optional(Type.String({ minLength: 1 })),
     nixlLibDir: Type.Optional(Type.String({ minLength: 1 })),

@@ -11,6 +11,18 @@ export const SimConfig = Type.Object(
     engineId: Type.Optional(Type.String({ minLength: 1 })),
     // `none`: D computes the prompt's KV itself; `agent`: KV moves through transfer agents.
     kv: Type.Union([Type.Literal('none'), Type.Literal('agent')], { default: 'none' }),
+    // `--kv agent`: the transfer agent's loopback API (required in that mode; sim/src/config.ts
+    // checks it). Decoders are told to handshake with the agent, so in this mode
+    // remote_host/remote_port come from the agent's attach answer, not sideChannelHost/Port.
+    agentUrl: Type.Optional(Type.String({ pattern: '^https?://[^/]+/?$' })),
+    // Sent as `Authorization: Bearer <token>` when the agent was started with one.
+    agentToken: Type.Optional(Type.String({ minLength: 1 })),
+    // The POSIX shared-memory object holding the KV region, which the agent maps and
+    // registers with NIXL; default `/handoff-kv-<engineId>-<pid>`, unlinked on close.
+    shmName: Type.Optional(Type.String({ minLength: 2, maxLength: 250, pattern: '^/[^/]+$' })),
+    // vLLM's kv_load_failure_policy: a failed KV pull fails the request (`fail`, vLLM's
+    // default) or the decoder prefills the prompt itself (`recompute`).
+    kvLoadFailurePolicy: Type.Union([Type.Literal('fail'), Type.Literal('recompute')], { default: 'fail' }),
     leaseSeconds: Type.Number({ exclusiveMinimum: 0, default: 30 }),
     blockSize: Type.Integer({ minimum: 1, maximum: 1024, default: 16 }),
     numBlocks: Type.Integer({ minimum: 1, default: 16384 }),

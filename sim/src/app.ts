@@ -10,11 +10,12 @@ import type { SimConfig } from '../../schemas/sim-config.js'
 import { BlockAllocator } from './block-allocator.js'
 import type { SimContext } from './context.js'
 import { SimEngine } from './engine.js'
-import { SIM_ERR_KV_MODE_UNSUPPORTED, SIM_ERR_NOT_FOUND, SIM_ERR_SHUTTING_DOWN, SIM_ERR_UNAUTHORIZED } from './errors.js'
+import { AgentClient } from './agent-client.js'
+import { AgentLink } from './agent-link.js'
+import { SIM_ERR_INVALID_CONFIG, SIM_ERR_NOT_FOUND, SIM_ERR_SHUTTING_DOWN, SIM_ERR_UNAUTHORIZED } from './errors.js'
 import { FaultState } from './faults.js'
 import { KvRegion } from './kv-region.js'
-import type { KvSource } from './kv-source.js'
-import { LeaseTable } from '../../common/lease-table.js'
+import type { KvTransport, KvTransportDeps, KvTransportFactory } from './kv-source.js'
 import { createSimMetrics } from './metrics.js'
 import { RequestLog } from './request-log.js'
 import { completionRoutes } from './routes/completions.js'
@@ -28,11 +29,44 @@ export interface SimDeps {
   /** A pino logger; tests pass one writing to a sink (or level 'silent'). */
   logger?: Logger
   registry?: Registry
-  /** Backing memory of the KV region (a shared-memory mapping in `--kv agent` mode). */
+  /** Backing memory of the KV region (main.ts maps shared memory for `--kv agent`). */
   kvMemory?: ArrayBuffer | Uint8Array
-  /** How a decoder pulls remote blocks; required by `--kv agent`. */
-  kvSource?: KvSource
+  /**
+   * `--kv agent`: the POSIX name of `kvMemory`'s shared-memory object, sent to the agent
+   * (default: config.shmName). Ignored by a `kvTransport` that needs none.
+   */
+  shmName?: string
+  /** `--kv agent`: how KV moves; default an AgentLink to `config.agentUrl` (tests pass doubles). */
+  kvTransport?: KvTransportFactory
   exit?: (code: number) => void
+}
+
+/** The transfer-agent link for `--kv agent` (its events loop starts with the app). */
+function agentTransport(config: Readonly<SimConfig>, shmName: string | undefined): KvTransportFactory {
+  return (d: KvTransportDeps): KvTransport => {
+    if (config.agentUrl === undefined) throw new SIM_ERR_INVALID_CONFIG('--kv agent needs --agent-url')
+    if (shmName === undefined) throw new SIM_ERR_INVALID_CONFIG('--kv agent needs the KV region in shared memory (--shm-name)')
+    const link = new AgentLink({
+      client: new AgentClient({ url: config.agentUrl, ...(config.agentToken ? { token: config.agentToken } : {}) }),
+      attach: {
+        engineId: d.engineId,
+        role: config.role,
+        shmName,
+        blockSize: d.region.blockSize,
+        bytesPerToken: d.region.bytesPerToken,
+        numBlocks: d.region.numBlocks,
+        // Port 0 is only known after listen; the agent does not need it.
+        ...(config.port !== 0 ? { engineUrl: `http://${config.host}:${config.port}` } : {}),
+      },
+      allocator: d.allocator,
+      metrics: d.metrics,
+      clock: d.clock,
+      log: d.log.child({ component: 'agent-link' }),
+      leaseSeconds: config.leaseSeconds,
+    })
+    link.start()
+    return link
+  }
 }
 
 /** OpenAI error `type` per status, as vLLM names them. */
@@ -45,10 +79,16 @@ function errorType(status: number): string {
   return 'InternalServerError'
 }
 
+declare module 'fastify' {
+  interface FastifyInstance {
+    /** `--kv agent`: how KV moves (main.ts waits for it to be ready); null otherwise. */
+    simKv: KvTransport | null
+  }
+}
+
 /** The simulator as a fastify instance, not yet listening. */
 export function buildApp(deps: SimDeps): FastifyInstance {
   const { config } = deps
-  if (config.kv === 'agent' && !deps.kvSource) throw new SIM_ERR_KV_MODE_UNSUPPORTED(config.kv)
   const clock = deps.clock ?? systemClock
   const random = deps.random ?? systemRandom
   const logger = deps.logger ?? pino(loggerOptions({ name: 'sim', level: config.logLevel }))
@@ -74,18 +114,11 @@ export function buildApp(deps: SimDeps): FastifyInstance {
     : KvRegion.allocate({ blockSize: config.blockSize, bytesPerToken: config.bytesPerToken, numBlocks: config.numBlocks })
   const allocator = new BlockAllocator(config.numBlocks)
   const metrics = createSimMetrics({ registry, model: config.model, kvUsage: () => allocator.usedCount / allocator.numBlocks })
-  const leases = new LeaseTable<readonly number[]>({
-    clock,
-    leaseMs: config.leaseSeconds * 1000,
-    onEnd: (lease, reason) => {
-      allocator.free(lease.value)
-      if (reason === 'expired') {
-        metrics.kvExpired.inc(metrics.labels)
-        app.log.warn({ remoteRequestId: lease.id, reads: lease.reads }, 'Releasing expired KV blocks')
-      }
-    },
-  })
   const engineId = config.engineId ?? `sim-${random.hex(8)}`
+  const kv =
+    config.kv === 'agent'
+      ? (deps.kvTransport ?? agentTransport(config, deps.shmName ?? config.shmName))({ engineId, region, allocator, metrics, clock, log: logger })
+      : undefined
   const engine = new SimEngine({
     role: config.role,
     engineId,
@@ -98,9 +131,9 @@ export function buildApp(deps: SimDeps): FastifyInstance {
     random,
     region,
     allocator,
-    leases,
     metrics,
-    ...(deps.kvSource ? { kvSource: deps.kvSource } : {}),
+    ...(kv ? { kv } : {}),
+    kvLoadFailurePolicy: config.kvLoadFailurePolicy,
   })
   const shutdown = new AbortController()
   const ctx: SimContext = {
@@ -110,7 +143,7 @@ export function buildApp(deps: SimDeps): FastifyInstance {
     engine,
     region,
     allocator,
-    leases,
+    kv,
     faults: new FaultState(config.faults),
     metrics,
     requests: new RequestLog(100),
@@ -164,18 +197,18 @@ export function buildApp(deps: SimDeps): FastifyInstance {
     return reply.code(404).send({ error: { message: err.message, type: 'NotFoundError', param: null, code: err.code } })
   })
 
+  app.decorate('simKv', kv ?? null)
   app.register(completionRoutes, ctx)
   app.register(infoRoutes, ctx)
   app.register(simAdminRoutes, ctx)
 
-  if (config.kv === 'agent') leases.start()
   // preClose, not onClose: the server waits for open connections before onClose runs, so a
   // stalled request would otherwise hold shutdown for its whole stall.
   app.addHook('preClose', async () => {
     shutdown.abort(new SIM_ERR_SHUTTING_DOWN())
   })
   app.addHook('onClose', async () => {
-    leases.stop()
+    await kv?.close()
   })
   app.log.info({ engineId, role: config.role, kv: config.kv, model: config.model }, 'simulator built')
   return app

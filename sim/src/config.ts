@@ -118,5 +118,8 @@ export function validateSimConfig(raw: Record<string, unknown>): Readonly<SimCon
   if (!validate) throw new SIM_ERR_INVALID_CONFIG('SimConfig schema not registered')
   const copy = structuredClone(raw)
   if (!validate(copy)) throw new SIM_ERR_INVALID_CONFIG(describeErrors(validate.errors))
-  return deepFreeze(copy as SimConfig)
+  const config = copy as SimConfig
+  // A rule across keys, which the schema does not express.
+  if (config.kv === 'agent' && config.agentUrl === undefined) throw new SIM_ERR_INVALID_CONFIG('/agentUrl is required with --kv agent')
+  return deepFreeze(config)
 }

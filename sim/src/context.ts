@@ -5,7 +5,7 @@ import type { BlockAllocator } from './block-allocator.js'
 import type { SimEngine } from './engine.js'
 import type { FaultState } from './faults.js'
 import type { KvRegion } from './kv-region.js'
-import type { LeaseTable } from '../../common/lease-table.js'
+import type { KvTransport } from './kv-source.js'
 import type { SimMetrics } from './metrics.js'
 import type { RequestLog } from './request-log.js'
 
@@ -17,7 +17,8 @@ export interface SimContext {
   readonly engine: SimEngine
   readonly region: KvRegion
   readonly allocator: BlockAllocator
-  readonly leases: LeaseTable<readonly number[]>
+  /** `--kv agent` only: the link to the transfer agent. */
+  readonly kv: KvTransport | undefined
   readonly faults: FaultState
   readonly metrics: SimMetrics
   readonly requests: RequestLog

@@ -1,12 +1,13 @@
 import type { Clock } from '../../common/clock.js'
-import type { LeaseTable } from '../../common/lease-table.js'
+import { errorWithDetails } from '../../common/coded-error.js'
 import type { Random } from '../../common/random.js'
 import { sleep } from '../../common/timers.js'
+import { isAgentCallError } from './agent-client.js'
 import type { BlockAllocator } from './block-allocator.js'
-import { SIM_ERR_NUM_TOKENS_MISMATCH } from './errors.js'
+import { SIM_ERR_AGENT_NOT_READY, SIM_ERR_KV_LEASE_FAILED, SIM_ERR_NUM_TOKENS_MISMATCH, simErrors } from './errors.js'
 import { prefillAndGenerate, tokensFromKv } from './generator.js'
 import type { KvRegion } from './kv-region.js'
-import { parseRemoteKv, type KvSource, type RemoteKv } from './kv-source.js'
+import { parseRemoteKv, type KvTransport, type RemoteKv } from './kv-source.js'
 import type { SimMetrics } from './metrics.js'
 import type { PromptInput } from './prompt.js'
 import { applyStop, type Finished } from './stop.js'
@@ -29,10 +30,25 @@ export interface EngineOptions {
   random: Random
   region: KvRegion
   allocator: BlockAllocator
-  leases: LeaseTable<readonly number[]>
   metrics: SimMetrics
-  /** Present in `--kv agent` mode only. */
-  kvSource?: KvSource
+  /** Present in `--kv agent` mode only: leases (P) and pulls (D) through the transfer agent. */
+  kv?: KvTransport
+  /** vLLM's kv_load_failure_policy: what a failed pull does to its request. */
+  kvLoadFailurePolicy: 'fail' | 'recompute'
+}
+
+/** How a decode leg got its KV in `--kv agent` mode (the request log shows it). */
+export interface KvLoad {
+  outcome: 'ok' | 'recomputed'
+  /** Why the pull failed: the agent's code (XFA_ERR_*), or the socket's. */
+  agentCode?: string
+}
+
+/** SIM_ERR_KV_LOAD_FAILED with the agent's code, for the route and the request log. */
+export type KvLoadFailure = Error & { code: 'SIM_ERR_KV_LOAD_FAILED'; agentCode: string }
+
+export function isKvLoadFailure(err: unknown): err is KvLoadFailure {
+  return err instanceof simErrors.SIM_ERR_KV_LOAD_FAILED
 }
 
 export interface EngineRequest {
@@ -51,6 +67,7 @@ export interface EngineResult {
   /** Every output token and the text, stop criteria applied; the route paces them out. */
   output: Finished
   kvTransferParams: Record<string, unknown> | null
+  kvLoad?: KvLoad
 }
 
 /**
@@ -94,6 +111,7 @@ export class SimEngine {
 
     let outputTokens: number[] | undefined
     let mode: ServeMode = 'local'
+    let kvLoad: KvLoad | undefined
     if (params?.do_remote_prefill === true) {
       if (o.role === 'prefill') {
         req.log.warn({ internalId }, 'do_remote_prefill sent to a prefill-only simulator; serving locally')
@@ -107,9 +125,16 @@ export class SimEngine {
         const remote = parseRemoteKv(params, o.vllmCompat === 'legacy' ? { legacyRequestId: internalId } : {})
         if ('missing' in remote) {
           req.log.warn({ internalId, missing: remote.missing, kvTransferParams: params }, 'Got invalid KVTransferParams')
-        } else if (o.kvSource) {
-          outputTokens = await this.#pullAndGenerate(o.kvSource, remote, req)
-          mode = 'remote-decode'
+        } else if (o.kv) {
+          const pulled = await this.#pullAndGenerate(o.kv, remote, req, internalId)
+          if (Array.isArray(pulled)) {
+            outputTokens = pulled
+            mode = 'remote-decode'
+            kvLoad = { outcome: 'ok' }
+          } else {
+            // kv_load_failure_policy=recompute: prefill here, below, paying the prefill delay.
+            kvLoad = { outcome: 'recomputed', agentCode: pulled.recompute }
+          }
         } else {
           // `--kv none`: the blocks are not read; D computes the same KV itself, so the
           // text equals the oracle's, without paying the prefill delay a real D skips too.
@@ -122,13 +147,18 @@ export class SimEngine {
       await sleep(o.clock, o.prefillDelayMs, req.signal)
       outputTokens = this.#computeLocally(tokens, maxTokens)
     }
-    return { internalId, mode, promptTokens: tokens.length, output: applyStop(outputTokens, stop), kvTransferParams: null }
+    const result: EngineResult = { internalId, mode, promptTokens: tokens.length, output: applyStop(outputTokens, stop), kvTransferParams: null }
+    if (kvLoad) result.kvLoad = kvLoad
+    return result
   }
 
   /** P leg: prefill into blocks, keep them under a lease (agent mode), answer with the params. */
   async #prefillLeg(req: EngineRequest, internalId: string): Promise<EngineResult> {
     const o = this.#o
     const { tokens, maxTokens, stop } = req.input
+    // Without the agent there is nobody to lease to nor an address to export: refuse before
+    // spending the prefill (a router retries a 503 elsewhere).
+    if (o.kv && !o.kv.ready) throw new SIM_ERR_AGENT_NOT_READY('a prefill leg needs its lease')
     const blocks = o.allocator.allocate(o.region.blocksFor(tokens.length))
     let output: Finished
     try {
@@ -147,13 +177,28 @@ export class SimEngine {
       return { internalId, mode: 'prefill', promptTokens: tokens.length, output, kvTransferParams: null }
     }
     let expiry: number | null = null
-    if (o.kvMode === 'none') {
+    let host = o.sideChannelHost
+    let port = o.sideChannelPort
+    if (!o.kv) {
       // Nobody reads the blocks in `--kv none` mode (D recomputes), so pinning them would
-      // only leak capacity until the lease expired.
+      // only leak capacity.
       o.allocator.free(blocks)
     } else {
-      o.leases.pin(internalId, blocks)
-      expiry = (o.leases.expiresAtWall(internalId) ?? 0) / 1000
+      // The agent owns the blocks from here: it frees them when the lease ends (read done,
+      // released or expired), or now if leasing failed.
+      try {
+        expiry = await o.kv.lease(internalId, blocks)
+      } catch (err) {
+        throw new SIM_ERR_KV_LEASE_FAILED(internalId, (err as Error).message, { cause: err })
+      }
+      if (req.signal.aborted) {
+        // The client left while we leased: nobody will read these blocks.
+        o.kv.release(internalId)
+        throw req.signal.reason
+      }
+      // Decoders' agents handshake with ours, not with this engine.
+      host = o.kv.peer?.host ?? host
+      port = o.kv.peer?.port ?? port
     }
     if (o.vllmCompat === 'legacy') {
       // The shape before NIXL_CONNECTOR_VERSION 2: no remote_request_id (D uses its own id,
@@ -163,12 +208,12 @@ export class SimEngine {
         do_remote_decode: false,
         remote_block_ids: blocks,
         remote_engine_id: o.engineId,
-        remote_host: o.sideChannelHost,
-        remote_port: o.sideChannelPort,
+        remote_host: host,
+        remote_port: port,
         tp_size: 1,
       }
       // The agent's lease deadline is handoff's, not vLLM's: agent mode keeps it.
-      if (o.kvMode === 'agent') legacy.remote_blocks_expiry_time = expiry
+      if (o.kv) legacy.remote_blocks_expiry_time = expiry
       return { internalId, mode: 'prefill', promptTokens: tokens.length, output, kvTransferParams: legacy }
     }
     const kvTransferParams = {
@@ -177,13 +222,14 @@ export class SimEngine {
       remote_block_ids: [blocks],
       remote_engine_id: o.engineId,
       remote_request_id: internalId,
-      remote_host: o.sideChannelHost,
-      remote_port: o.sideChannelPort,
+      remote_host: host,
+      remote_port: port,
       tp_size: 1,
       dcp_size: 1,
       pp_size: 1,
       remote_num_tokens: tokens.length,
-      // vLLM's P sends null; in agent mode the P agent's lease deadline (wall seconds).
+      // vLLM's P sends null; in agent mode the P agent's lease deadline, seconds on the
+      // agent's monotonic clock (vLLM: the producer's perf_counter), exported verbatim.
       remote_blocks_expiry_time: expiry,
       transfer_mode: 'pull',
     }
@@ -201,18 +247,50 @@ export class SimEngine {
     }
   }
 
-  async #pullAndGenerate(source: KvSource, remote: RemoteKv, req: EngineRequest): Promise<number[]> {
+  /**
+   * D leg in `--kv agent` mode: pull into fresh blocks and generate from them. A failed pull
+   * fails the request (policy `fail`) or asks for a local prefill (`recompute`, the agent's
+   * code returned). Blocks of a failed pull belong to the transport (it frees them once no
+   * READ can write into them); this frees only those of a pull that succeeded.
+   */
+  async #pullAndGenerate(kv: KvTransport, remote: RemoteKv, req: EngineRequest, internalId: string): Promise<number[] | { recompute: string }> {
     const o = this.#o
     const { tokens, maxTokens } = req.input
-    const blocks = o.allocator.allocate(o.region.blocksFor(tokens.length))
-    try {
-      await source.pull(remote, o.region, blocks, tokens.length, req.signal)
-      return tokensFromKv(o.region, blocks, tokens.length, maxTokens)
-    } catch (err) {
-      o.metrics.failedTransfers.inc(o.metrics.labels)
-      throw err
-    } finally {
-      o.allocator.free(blocks)
+    const n = o.region.blocksFor(tokens.length)
+    let failure: Error
+    let agentCode: string
+    if (remote.blockIds.length < n) {
+      // A P that exported fewer blocks than the prompt needs: nothing to READ the rest from.
+      agentCode = 'SIM_REMOTE_BLOCKS_SHORT'
+      failure = new Error(`P exported ${remote.blockIds.length} block ids, the prompt needs ${n}`)
+    } else {
+      const blocks = o.allocator.allocate(n)
+      try {
+        await kv.pull({ requestId: internalId, remote, localBlocks: blocks, numTokens: tokens.length, signal: req.signal })
+      } catch (err) {
+        // The client left or the app is closing: nobody to answer, no policy to apply.
+        if (req.signal.aborted) throw req.signal.reason
+        failure = err as Error
+        agentCode = isAgentCallError(err) ? err.agentCode : String((err as { code?: unknown }).code ?? 'UNKNOWN')
+        return this.#loadFailed(req, internalId, failure, agentCode)
+      }
+      try {
+        return tokensFromKv(o.region, blocks, tokens.length, maxTokens)
+      } finally {
+        o.allocator.free(blocks)
+      }
     }
+    return this.#loadFailed(req, internalId, failure, agentCode)
+  }
+
+  #loadFailed(req: EngineRequest, internalId: string, failure: Error, agentCode: string): { recompute: string } {
+    const o = this.#o
+    o.metrics.failedTransfers.inc(o.metrics.labels)
+    if (o.kvLoadFailurePolicy === 'fail') {
+      throw errorWithDetails(simErrors, 'SIM_ERR_KV_LOAD_FAILED', `${agentCode}: ${failure.message}`, { agentCode, cause: failure }) as KvLoadFailure
+    }
+    o.metrics.kvRecomputed.inc(o.metrics.labels)
+    req.log.warn({ internalId, agentCode, err: failure }, 'KV load failed; recomputing the prompt (kv_load_failure_policy=recompute)')
+    return { recompute: agentCode }
   }
 }

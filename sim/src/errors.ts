@@ -28,10 +28,12 @@ export const simErrors = codedErrors({
   SIM_ERR_INJECTED: { status: 500, message: 'Injected fault: internal server error' },
   SIM_ERR_SHUTTING_DOWN: { status: 503, message: 'The simulator is shutting down' },
   SIM_ERR_INVALID_CONFIG: { status: 500, message: 'Invalid simulator configuration: %s' },
-  SIM_ERR_KV_MODE_UNSUPPORTED: {
-    status: 500,
-    message: '--kv %s is not implemented yet (it arrives with the transfer agent); use --kv none',
-  },
+  // A call to the transfer agent failed: the agent's error code (or the socket's) is on the
+  // error as `agentCode`, with `agentStatus`, `invalidBlockIds` and `tainted` when it answered.
+  SIM_ERR_AGENT_CALL: { status: 502, message: 'Transfer agent call failed: %s' },
+  SIM_ERR_AGENT_NOT_READY: { status: 503, message: 'Not attached to the transfer agent yet: %s' },
+  SIM_ERR_KV_LEASE_FAILED: { status: 500, message: 'Cannot lease the KV blocks of %s: %s' },
+  SIM_ERR_KV_LOAD_FAILED: { status: 500, message: 'KV load failed (kv_load_failure_policy=fail): %s' },
 })
 
 export const {
@@ -49,7 +51,10 @@ export const {
   SIM_ERR_INJECTED,
   SIM_ERR_SHUTTING_DOWN,
   SIM_ERR_INVALID_CONFIG,
-  SIM_ERR_KV_MODE_UNSUPPORTED,
+  SIM_ERR_AGENT_CALL,
+  SIM_ERR_AGENT_NOT_READY,
+  SIM_ERR_KV_LEASE_FAILED,
+  SIM_ERR_KV_LOAD_FAILED,
 } = simErrors
 
 /** Every code, for the consistency test against docs/errors.md. */

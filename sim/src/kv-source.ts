@@ -1,4 +1,8 @@
+import type { Logger } from 'pino'
+import type { Clock } from '../../common/clock.js'
+import type { BlockAllocator } from './block-allocator.js'
 import type { KvRegion } from './kv-region.js'
+import type { SimMetrics } from './metrics.js'
 
 /** The fields a decoder needs to read a prefiller's blocks (vLLM registers no read without them). */
 export interface RemoteKv {
@@ -14,15 +18,55 @@ export interface RemoteKv {
   tpSize: number | undefined
 }
 
-/**
- * The seam for `--kv agent`: "pull R's blocks into these local blocks through my transfer
- * agent". An implementation resolves once `numTokens` positions are in `localBlocks` of
- * `region`, or rejects with a coded error (KV expired, peer gone, transfer failed) naming the
- * invalid blocks. `--kv none` has no source: the decoder computes the KV itself.
- */
-export interface KvSource {
-  pull(remote: RemoteKv, region: KvRegion, localBlocks: readonly number[], numTokens: number, signal: AbortSignal): Promise<void>
+/** A decoder's pull: READ `remote`'s blocks into `localBlocks` (the first `numTokens` positions count). */
+export interface KvPull {
+  /** The decoder's own request id (one pull at a time per id). */
+  requestId: string
+  remote: RemoteKv
+  localBlocks: readonly number[]
+  numTokens: number
+  /** The engine's request: aborted when its client leaves or the app closes. */
+  signal: AbortSignal
 }
+
+/** What a KvTransport is built from (buildApp hands it the engine's pieces). */
+export interface KvTransportDeps {
+  engineId: string
+  region: KvRegion
+  allocator: BlockAllocator
+  metrics: SimMetrics
+  clock: Clock
+  log: Logger
+}
+
+/**
+ * The seam for `--kv agent` (agent-link.ts fills it with the transfer agent; tests with
+ * in-process doubles). **Block ownership:** blocks handed to `lease` or to a `pull` that
+ * rejects belong to the transport from then on, and it returns them to the allocator exactly
+ * once: a lease's when it ends (read, released or expired), a failed pull's once no READ can
+ * still write into them. The engine frees only the blocks of a pull that resolved.
+ */
+export interface KvTransport {
+  /** KV can move (attached to the agent and reaching it); `/health` answers 503 until then. */
+  readonly ready: boolean
+  /** What a prefiller exports as remote_host/remote_port: where decoders' agents handshake. */
+  readonly peer: { host: string; port: number } | undefined
+  /** Leases held (a prefiller's blocks waiting to be read). */
+  readonly leases: number
+  /** Blocks of failed pulls still waiting until no READ can write into them. */
+  readonly taintedBlocks: number
+  /** Leases `blocks` for `requestId`; resolves with `remote_blocks_expiry_time` (seconds, the agent's clock). */
+  lease(requestId: string, blocks: readonly number[]): Promise<number>
+  /** Ends a lease early (its client left after all); best effort, never throws. */
+  release(requestId: string): void
+  /** Resolves once the bytes are in `localBlocks`; rejects with a coded error (see SIM_ERR_AGENT_CALL). */
+  pull(job: KvPull): Promise<void>
+  /** Resolves once `ready` first holds (the process announces itself then); none: at once. */
+  whenReady?(): Promise<void>
+  close(): Promise<void>
+}
+
+export type KvTransportFactory = (deps: KvTransportDeps) => KvTransport
 
 export interface ParseRemoteKvOptions {
   /**

@@ -16,6 +16,7 @@ export interface SimMetrics {
   ttft: Histogram<'model_name' | 'engine'>
   kvExpired: Counter<'model_name' | 'engine'>
   failedTransfers: Counter<'model_name' | 'engine'>
+  kvRecomputed: Counter<'model_name' | 'engine'>
   readonly labels: { model_name: string; engine: string }
 }
 
@@ -68,6 +69,13 @@ export function createSimMetrics(opts: SimMetricsOptions): SimMetrics {
       registers,
     }),
     failedTransfers: new Counter({ name: 'vllm:nixl_num_failed_transfers_total', help: 'Number of failed NIXL KV transfers.', labelNames, registers }),
+    // Not a vLLM metric: vLLM logs its recomputes; scenario tests count them here.
+    kvRecomputed: new Counter({
+      name: 'handoff_sim_kv_recomputed_requests_total',
+      help: 'Decode requests whose KV pull failed and that prefilled locally (kv_load_failure_policy=recompute).',
+      labelNames,
+      registers,
+    }),
   }
   // Zero-valued series exist from the start, so a scrape before traffic shows every name.
   m.running.set(labels, 0)
@@ -76,6 +84,7 @@ export function createSimMetrics(opts: SimMetricsOptions): SimMetrics {
   m.generationTokens.inc(labels, 0)
   m.kvExpired.inc(labels, 0)
   m.failedTransfers.inc(labels, 0)
+  m.kvRecomputed.inc(labels, 0)
   m.success.inc({ ...labels, finished_reason: 'length' }, 0)
   return m
 }

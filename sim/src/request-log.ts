@@ -12,9 +12,12 @@ export interface RecordedRequest {
   finishReason?: string
   stopReason?: string | number | null
   kvTransferParams?: Record<string, unknown> | null
+  /** `--kv agent` decode legs: how the KV arrived, and the agent's code when a pull failed. */
+  kvLoad?: 'ok' | 'failed' | 'recomputed'
+  kvLoadError?: string
 }
 
-export type RequestOutcome = Pick<RecordedRequest, 'finishReason' | 'stopReason' | 'kvTransferParams'>
+export type RequestOutcome = Partial<Pick<RecordedRequest, 'finishReason' | 'stopReason' | 'kvTransferParams' | 'kvLoad' | 'kvLoadError'>>
 
 /** A ring of the last `capacity` requests (oldest first when listed). */
 export class RequestLog {

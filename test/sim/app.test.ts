@@ -5,10 +5,10 @@ import type { SimConfig } from '../../schemas/sim-config.js'
 import { buildApp } from '../../sim/src/app.js'
 import { validateSimConfig } from '../../sim/src/config.js'
 import { SIM_ERROR_CODES } from '../../sim/src/errors.js'
-import type { KvSource } from '../../sim/src/kv-source.js'
 import { oracleText } from '../../sim/src/oracle.js'
 import { renderChat } from '../../sim/src/chat-template.js'
 import { tokenize } from '../../sim/src/tokenizer.js'
+import { FakeKv } from './fake-kv.js'
 import { build, MODEL, parseSse } from './build.js'
 
 type Choice = { text?: string; delta?: { content?: string; role?: string }; finish_reason: string | null }
@@ -282,42 +282,77 @@ t.test('close ends stalls at once', async (t) => {
   else t.pass('connection closed')
 })
 
-t.test('--kv agent: the KvSource seam, leases and a read after expiry', async (t) => {
-  t.throws(() => buildApp({ config: validateSimConfig({ kv: 'agent' }), logger: pino({ level: 'silent' }) }), { code: 'SIM_ERR_KV_MODE_UNSUPPORTED' })
+t.test('--kv agent: the KvTransport seam, leases and a read after expiry', async (t) => {
+  t.throws(() => validateSimConfig({ kv: 'agent' }), { code: 'SIM_ERR_INVALID_CONFIG', message: /agentUrl is required/ })
 
-  // An in-process stand-in for the transfer agent: copies P's block bytes into D's blocks.
-  const pMemory = new Uint8Array(64 * 16 * 32)
-  const blockBytes = 16 * 32
-  const source: KvSource = {
-    async pull(remote, region, localBlocks, numTokens) {
-      const ids = remote.blockIds.slice(0, region.blocksFor(numTokens))
-      ids.forEach((id, i) => region.bytes.set(pMemory.subarray(id * blockBytes, (id + 1) * blockBytes), (localBlocks[i] as number) * blockBytes))
-    },
-  }
+  // In-process stand-ins for the transfer agents: a pull copies P's block bytes into D's blocks.
   const clock = new ManualClock()
-  const p = build(t, { role: 'prefill', kv: 'agent', numBlocks: 64, leaseSeconds: 5 }, { kvMemory: pMemory, kvSource: source, clock })
-  const d = build(t, { role: 'decode', kv: 'agent', numBlocks: 64 }, { kvSource: source })
+  const kv = new FakeKv({ clock, leaseMs: 5000 })
+  const agent = { kv: 'agent', agentUrl: 'http://127.0.0.1:9', numBlocks: 64 }
+  const p = build(t, { ...agent, role: 'prefill', engineId: 'p0' }, { kvTransport: kv.transport(), clock })
+  const d = build(t, { ...agent, role: 'decode' }, { kvTransport: kv.transport() })
   const body = { model: MODEL, prompt: 'a prompt whose KV really moves between the two engines', max_tokens: 6 }
   const want = oracleText({ kind: 'completion', prompt: body.prompt, maxTokens: 6 })
+  const info = async (): Promise<{ leases: number; usedBlocks: number }> => (await p.app.inject({ url: '/sim/info' })).json()
+  const prefill = async (prompt: string): Promise<Record<string, unknown>> =>
+    (await p.app.inject({ method: 'POST', url: '/v1/completions', payload: { ...body, prompt, max_tokens: 1, kv_transfer_params: { do_remote_decode: true } } })).json().kv_transfer_params
 
-  const pr = (await p.app.inject({ method: 'POST', url: '/v1/completions', payload: { ...body, max_tokens: 1, kv_transfer_params: { do_remote_decode: true } } })).json()
-  t.equal(pr.kv_transfer_params.remote_blocks_expiry_time, (clock.now() + 5000) / 1000, 'agent mode exports the lease deadline')
-  t.equal((await p.app.inject({ url: '/sim/info' })).json().leases, 1)
-  const dr = await d.app.inject({ method: 'POST', url: '/v1/completions', payload: { ...body, kv_transfer_params: pr.kv_transfer_params } })
+  const params = await prefill(body.prompt)
+  t.equal(params.remote_blocks_expiry_time, (clock.monotonic() + 5000) / 1000, "the agent's deadline, exported verbatim")
+  t.match(params, { remote_host: '127.0.0.1', remote_port: 7600 }, "the agent's address, not --side-channel-*")
+  t.match(await info(), { leases: 1, usedBlocks: 1 })
+  const dr = await d.app.inject({ method: 'POST', url: '/v1/completions', payload: { ...body, kv_transfer_params: params } })
   t.equal(dr.json().choices[0].text, want, 'a timely read gives the oracle text')
+  t.match(await info(), { leases: 0, usedBlocks: 0 }, 'read done: the blocks are free at once')
+  t.match((await d.app.inject({ url: '/sim/requests' })).json().requests[0], { kvLoad: 'ok' })
 
-  // The lease expires, another request reuses the blocks (LIFO), and a late read is wrong.
+  // Unread, the lease expires; another request reuses the blocks (LIFO); a late read is wrong.
+  const unread = await prefill(body.prompt)
   clock.advance(6000)
-  t.equal((await p.app.inject({ url: '/sim/info' })).json().leases, 0)
+  t.match(await info(), { leases: 0, usedBlocks: 0 })
   t.match((await p.app.inject({ url: '/metrics' })).body, 'vllm:nixl_num_kv_expired_reqs_total{model_name="handoff/sim-1",engine="0"} 1')
-  const other = (await p.app.inject({ method: 'POST', url: '/v1/completions', payload: { ...body, prompt: 'someone else entirely, with different words', max_tokens: 1, kv_transfer_params: { do_remote_decode: true } } })).json()
-  t.same(other.kv_transfer_params.remote_block_ids, pr.kv_transfer_params.remote_block_ids, 'same blocks reused')
-  const late = await d.app.inject({ method: 'POST', url: '/v1/completions', payload: { ...body, kv_transfer_params: pr.kv_transfer_params } })
+  const other = await prefill('someone else entirely, with different words')
+  t.same(other.remote_block_ids, unread.remote_block_ids, 'same blocks reused')
+  const late = await d.app.inject({ method: 'POST', url: '/v1/completions', payload: { ...body, kv_transfer_params: unread } })
   t.equal(late.statusCode, 200, 'silent, as in vLLM')
   t.not(late.json().choices[0].text, want, 'stale bytes give wrong text')
+})
 
-  const failing = build(t, { role: 'decode', kv: 'agent' }, { kvSource: { pull: async () => Promise.reject(new Error('transfer failed')) } })
-  const f = await failing.app.inject({ method: 'POST', url: '/v1/completions', payload: { ...body, kv_transfer_params: pr.kv_transfer_params } })
+t.test('--kv agent: a failed pull fails the request or recomputes, by kv_load_failure_policy', async (t) => {
+  const kv = new FakeKv({ clock: new ManualClock() })
+  const agent = { kv: 'agent', agentUrl: 'http://127.0.0.1:9', numBlocks: 64 }
+  const p = build(t, { ...agent, role: 'prefill' }, { kvTransport: kv.transport() })
+  const fail = build(t, { ...agent, role: 'decode' }, { kvTransport: kv.transport() })
+  const recompute = build(t, { ...agent, role: 'decode', kvLoadFailurePolicy: 'recompute', prefillDelayMs: 0 }, { kvTransport: kv.transport() })
+  const body = { model: MODEL, prompt: 'the pull of this prompt fails', max_tokens: 4 }
+  const want = oracleText({ kind: 'completion', prompt: body.prompt, maxTokens: 4 })
+  const params = (await p.app.inject({ method: 'POST', url: '/v1/completions', payload: { ...body, max_tokens: 1, kv_transfer_params: { do_remote_decode: true } } })).json().kv_transfer_params
+  kv.failPulls = { agentCode: 'XFA_ERR_KV_EXPIRED', agentStatus: 410, invalidBlockIds: [0], tainted: false, sent: true }
+
+  const f = await fail.app.inject({ method: 'POST', url: '/v1/completions', payload: { ...body, kv_transfer_params: params } })
   t.equal(f.statusCode, 500)
-  t.match((await failing.app.inject({ url: '/metrics' })).body, 'vllm:nixl_num_failed_transfers_total{model_name="handoff/sim-1",engine="0"} 1')
+  t.match(f.json().error, { code: 'SIM_ERR_KV_LOAD_FAILED', message: /XFA_ERR_KV_EXPIRED/ })
+  t.match((await fail.app.inject({ url: '/metrics' })).body, 'vllm:nixl_num_failed_transfers_total{model_name="handoff/sim-1",engine="0"} 1')
+  t.match((await fail.app.inject({ url: '/sim/requests' })).json().requests[0], { kvLoad: 'failed', kvLoadError: 'XFA_ERR_KV_EXPIRED' })
+
+  // A stream has sent its status before the engine runs (vLLM): an error event, then [DONE].
+  const s = await fail.app.inject({ method: 'POST', url: '/v1/completions', payload: { ...body, stream: true, kv_transfer_params: params } })
+  t.equal(s.statusCode, 200)
+  const sse = parseSse(s.body)
+  t.ok(sse.done)
+  t.match(sse.frames, [{ error: { code: 'SIM_ERR_KV_LOAD_FAILED', message: /XFA_ERR_KV_EXPIRED/ } }])
+  t.equal(sse.frames.length, 1)
+
+  const r = await recompute.app.inject({ method: 'POST', url: '/v1/completions', payload: { ...body, kv_transfer_params: params } })
+  t.equal(r.statusCode, 200)
+  t.equal(r.json().choices[0].text, want, 'recomputed locally: the oracle text')
+  t.match((await recompute.app.inject({ url: '/sim/requests' })).json().requests[0], { kvLoad: 'recomputed', kvLoadError: 'XFA_ERR_KV_EXPIRED' })
+  t.match((await recompute.app.inject({ url: '/metrics' })).body, 'handoff_sim_kv_recomputed_requests_total{model_name="handoff/sim-1",engine="0"} 1')
+  t.match((await recompute.app.inject({ url: '/sim/info' })).json(), { usedBlocks: 0 })
+
+  // A P that exported too few blocks for the prompt: nothing to pull the rest from.
+  kv.failPulls = undefined
+  const short = await fail.app.inject({ method: 'POST', url: '/v1/completions', payload: { ...body, prompt: `${body.prompt} ${'and much more '.repeat(20)}`, kv_transfer_params: { ...params, remote_num_tokens: undefined } } })
+  t.equal(short.statusCode, 500)
+  t.match(short.json().error.message, /SIM_REMOTE_BLOCKS_SHORT/)
 })

@@ -32,3 +32,13 @@ export function parseSse(body: string): { frames: Record<string, unknown>[]; don
   const frames = events.filter((e) => e !== 'data: [DONE]').map((e) => JSON.parse(e.replace(/^data: /, '')) as Record<string, unknown>)
   return { frames, done }
 }
+
+/** Polls `check` every 20 ms until it holds (a pass) or `ms` runs out (a failure). */
+export async function eventually(t: { pass(msg: string): void; fail(msg: string): void }, what: string, check: () => Promise<boolean>, ms = 5000): Promise<void> {
+  const until = performance.now() + ms
+  while (performance.now() < until) {
+    if (await check()) return void t.pass(what)
+    await new Promise((r) => setTimeout(r, 20))
+  }
+  t.fail(`${what}: not within ${ms} ms`)
+}

@@ -37,6 +37,19 @@ t.test('flags map onto SimConfig', async (t) => {
   }
 })
 
+t.test('--kv agent flags: --agent-url is required, the failure policy is fail or recompute', async (t) => {
+  const c = parseSimArgs(['--kv', 'agent', '--agent-url', 'http://127.0.0.1:7300', '--agent-token', 'tok', '--shm-name', '/kv-1', '--kv-load-failure-policy', 'recompute'])
+  t.match(c, { kv: 'agent', agentUrl: 'http://127.0.0.1:7300', agentToken: 'tok', shmName: '/kv-1', kvLoadFailurePolicy: 'recompute' })
+  t.match(parseSimArgs(['--kv', 'agent', '--agent-url', 'http://127.0.0.1:7300']), { kvLoadFailurePolicy: 'fail' }, "vLLM's default")
+  t.match(parseSimArgs([]), { kv: 'none', kvLoadFailurePolicy: 'fail' })
+  t.throws(() => parseSimArgs(['--kv', 'agent']), { code: 'SIM_ERR_INVALID_CONFIG', message: /--agent-url is required with --kv agent/ })
+  t.throws(() => parseSimArgs(['--kv-load-failure-policy', 'retry']), { code: 'SIM_ERR_INVALID_CONFIG', message: /--kv-load-failure-policy/ })
+  t.throws(() => parseSimArgs(['--agent-url', 'ftp://x']), { code: 'SIM_ERR_INVALID_CONFIG', message: /--agent-url/ })
+  t.throws(() => parseSimArgs(['--agent-url', 'http://x/v1']), { code: 'SIM_ERR_INVALID_CONFIG', message: /--agent-url/ }, 'an origin, no path')
+  t.throws(() => parseSimArgs(['--shm-name', 'no-slash']), { code: 'SIM_ERR_INVALID_CONFIG', message: /--shm-name/ })
+  for (const flag of ['--agent-url', '--agent-token', '--shm-name', '--kv-load-failure-policy']) t.match(usage(), flag)
+})
+
 t.test('oracle CLI in process', async (t) => {
   const a = capture()
   await oracleMain(['--max-tokens', '3', '--prompt', 'Hi there'], a.out)

@@ -1,26 +1,19 @@
 import t from 'tap'
+import { ManualClock } from '../../common/clock.js'
 import { parseSimArgs } from '../../sim/src/config.js'
-import { parseRemoteKv, type KvSource, type RemoteKv } from '../../sim/src/kv-source.js'
+import { parseRemoteKv } from '../../sim/src/kv-source.js'
 import { oracleText } from '../../sim/src/oracle.js'
 import { build, MODEL } from './build.js'
+import { FakeKv } from './fake-kv.js'
 
 const body = { model: MODEL, prompt: 'an old vLLM pair that shares one request id', max_tokens: 5 }
 const want = oracleText({ kind: 'completion', prompt: body.prompt, maxTokens: 5 })
 
 t.test('--vllm-compat legacy: P params without remote_request_id, flat block ids; D reads under its own id', async (t) => {
-  const pMemory = new Uint8Array(64 * 16 * 32)
-  const blockBytes = 16 * 32
-  const seen: RemoteKv[] = []
-  const source: KvSource = {
-    async pull(remote, region, localBlocks, numTokens) {
-      seen.push(remote)
-      remote.blockIds.slice(0, region.blocksFor(numTokens)).forEach((id, i) =>
-        region.bytes.set(pMemory.subarray(id * blockBytes, (id + 1) * blockBytes), (localBlocks[i] as number) * blockBytes),
-      )
-    },
-  }
-  const p = build(t, { role: 'prefill', kv: 'agent', numBlocks: 64, vllmCompat: 'legacy', engineId: 'old-p' }, { kvMemory: pMemory, kvSource: source })
-  const d = build(t, { role: 'decode', kv: 'agent', numBlocks: 64, vllmCompat: 'legacy' }, { kvSource: source })
+  const kv = new FakeKv({ clock: new ManualClock() })
+  const agent = { kv: 'agent', agentUrl: 'http://127.0.0.1:9', numBlocks: 64, vllmCompat: 'legacy' }
+  const p = build(t, { ...agent, role: 'prefill', engineId: 'old-p' }, { kvTransport: kv.transport() })
+  const d = build(t, { ...agent, role: 'decode' }, { kvTransport: kv.transport() })
 
   const pr = await p.app.inject({
     method: 'POST',
@@ -40,7 +33,7 @@ t.test('--vllm-compat legacy: P params without remote_request_id, flat block ids
   const dr = await d.app.inject({ method: 'POST', url: '/v1/completions', headers: { 'x-request-id': 'same-1' }, payload: { ...body, kv_transfer_params: params } })
   t.equal(dr.statusCode, 200)
   t.equal(dr.json().choices[0].text, want)
-  t.equal(seen[0]?.remoteRequestId, 'cmpl-same-1', "D looks P's lease up by its own request id")
+  t.equal(kv.pulls[0]?.remote.remoteRequestId, 'cmpl-same-1', "D looks P's lease up by its own request id")
   t.match(d.logs.find((l) => l.msg === 'request served'), { mode: 'remote-decode', internalId: 'cmpl-same-1' })
 })
 

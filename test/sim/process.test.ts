@@ -90,5 +90,5 @@ t.test('bad flags exit 2 with a clear message', async (t) => {
   t.match(bad.stderr, /SIM_ERR_INVALID_CONFIG: .*--error-rate must be <= 1/)
   const agent = run(['--kv', 'agent'])
   t.equal(agent.status, 2)
-  t.match(agent.stderr, /SIM_ERR_KV_MODE_UNSUPPORTED/)
+  t.match(agent.stderr, /SIM_ERR_INVALID_CONFIG: .*--agent-url is required with --kv agent/)
 })

@@ -1,9 +1,10 @@
 import t from 'tap'
-import type { KvSource } from '../../sim/src/kv-source.js'
+import { ManualClock } from '../../common/clock.js'
 import { oracleForBody, oracleOutput, oracleText } from '../../sim/src/oracle.js'
 import { stopCriteria } from '../../sim/src/prompt.js'
 import { applyStop, EOS_TOKEN_ID, NO_STOP } from '../../sim/src/stop.js'
 import { build, MODEL, parseSse } from './build.js'
+import { FakeKv } from './fake-kv.js'
 
 const PROMPT = 'Tell me a story about stop criteria'
 // The unstopped answer: the tests pick stop tokens and strings from it.
@@ -129,8 +130,8 @@ t.test('bad stop fields and n ≠ 1 are refused', async (t) => {
 })
 
 t.test('prefill leg: a stop finish returns no kv_transfer_params and frees the blocks', async (t) => {
-  const source: KvSource = { pull: async () => {} }
-  const p = build(t, { role: 'prefill', kv: 'agent', numBlocks: 64 }, { kvSource: source })
+  const kv = new FakeKv({ clock: new ManualClock() })
+  const p = build(t, { role: 'prefill', kv: 'agent', agentUrl: 'http://127.0.0.1:9', numBlocks: 64 }, { kvTransport: kv.transport() })
   const leg = { model: MODEL, prompt: PROMPT, max_tokens: 1, stream: false, kv_transfer_params: { do_remote_decode: true } }
   const info = async (): Promise<{ leases: number; usedBlocks: number }> => (await p.app.inject({ url: '/sim/info' })).json()
 

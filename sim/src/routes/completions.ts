@@ -3,7 +3,7 @@ import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify'
 import { sleep } from '../../../common/timers.js'
 import type { ChatCompletionRequest, CompletionRequest, Usage } from '../../../schemas/openai.js'
 import type { SimContext } from '../context.js'
-import type { EngineResult } from '../engine.js'
+import { isKvLoadFailure, type EngineResult } from '../engine.js'
 import { SIM_ERR_DUPLICATE_REQUEST_ID, SIM_ERR_INJECTED, SIM_ERR_MODEL_NOT_FOUND } from '../errors.js'
 import { preparePrompt, specFromChat, specFromCompletion, type PromptSpec } from '../prompt.js'
 
@@ -82,6 +82,10 @@ async function serve(ctx: SimContext, kind: Kind, request: FastifyRequest<{ Body
     result = await ctx.engine.run({ responseId, input, kvTransferParams: body.kv_transfer_params, signal, log: request.log })
   } catch (err) {
     done(false)
+    if (isKvLoadFailure(err)) {
+      ctx.requests.annotate(request.raw, { kvLoad: 'failed', kvLoadError: err.agentCode })
+      if (body.stream === true) return streamError(request, reply, err)
+    }
     throw err
   }
   const { output } = result
@@ -93,6 +97,8 @@ async function serve(ctx: SimContext, kind: Kind, request: FastifyRequest<{ Body
     finishReason: output.finishReason,
     stopReason: output.stopReason,
     kvTransferParams: result.kvTransferParams,
+    ...(result.kvLoad ? { kvLoad: result.kvLoad.outcome } : {}),
+    ...(result.kvLoad?.agentCode ? { kvLoadError: result.kvLoad.agentCode } : {}),
   })
   const created = Math.floor(ctx.clock.now() / 1000)
   const usage: Usage = {
@@ -156,6 +162,21 @@ async function serve(ctx: SimContext, kind: Kind, request: FastifyRequest<{ Body
   }
   done(true, result)
   return reply.send(payload)
+}
+
+/**
+ * A streamed request that failed before its first token (a KV load failure under policy
+ * `fail`): vLLM's streaming generators answer 200, then `data: {"error": {...}}` and
+ * `data: [DONE]`, since a stream's status is sent before the engine has run.
+ */
+function streamError(request: FastifyRequest, reply: FastifyReply, err: Error & { code: string }): FastifyReply {
+  request.log.error({ err }, 'request failed')
+  const error = { message: err.message, type: 'InternalServerError', param: null, code: err.code }
+  return reply
+    .code(200)
+    .header('content-type', 'text/event-stream')
+    .header('cache-control', 'no-cache')
+    .send(`data: ${JSON.stringify({ error })}\n\ndata: [DONE]\n\n`)
 }
 
 /**

@@ -5,9 +5,11 @@ import type { SimContext } from '../context.js'
 export async function infoRoutes(app: FastifyInstance, ctx: SimContext): Promise<void> {
   const created = Math.floor(ctx.clock.now() / 1000)
 
-  // vLLM answers 200 with an empty body, and 503 once the engine is dead.
+  // vLLM answers 200 with an empty body, and 503 once the engine is dead. In `--kv agent`
+  // mode also 503 until attached to the agent (and while it is unreachable): no KV can move.
   app.get('/health', { schema: { response: { 200: { type: 'null' }, 503: { type: 'null' } } } }, async (_request, reply) => {
-    return reply.code(ctx.faults.current.unhealthy ? 503 : 200).send()
+    const ok = !ctx.faults.current.unhealthy && (ctx.kv?.ready ?? true)
+    return reply.code(ok ? 200 : 503).send()
   })
 
   app.get('/v1/models', { schema: { response: { 200: { $ref: 'ModelList#' } } } }, async () => ({

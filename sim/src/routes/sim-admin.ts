@@ -44,6 +44,8 @@ const RecordedRequestView = Type.Object(
     finishReason: Type.Optional(Type.String()),
     stopReason: Type.Optional(Type.Union([Type.String(), Type.Integer(), Type.Null()])),
     kvTransferParams: Type.Optional(Type.Union([Type.Object({}, { additionalProperties: true }), Type.Null()])),
+    kvLoad: Type.Optional(Type.Union([Type.Literal('ok'), Type.Literal('failed'), Type.Literal('recomputed')])),
+    kvLoadError: Type.Optional(Type.String()),
   },
   { additionalProperties: false },
 )
@@ -91,7 +93,11 @@ export async function simAdminRoutes(app: FastifyInstance, ctx: SimContext): Pro
               bytesPerToken: Type.Integer(),
               numBlocks: Type.Integer(),
               usedBlocks: Type.Integer(),
+              // `--kv agent`: leases held for decoders, blocks of failed pulls not yet
+              // quiescent, and whether the engine is attached to its agent.
               leases: Type.Integer(),
+              taintedBlocks: Type.Integer(),
+              agentAttached: Type.Boolean(),
             },
             { additionalProperties: false },
           ),
@@ -107,7 +113,9 @@ export async function simAdminRoutes(app: FastifyInstance, ctx: SimContext): Pro
       bytesPerToken: ctx.region.bytesPerToken,
       numBlocks: ctx.region.numBlocks,
       usedBlocks: ctx.allocator.usedCount,
-      leases: ctx.leases.size,
+      leases: ctx.kv?.leases ?? 0,
+      taintedBlocks: ctx.kv?.taintedBlocks ?? 0,
+      agentAttached: ctx.kv?.ready ?? false,
     }),
   )
 }

@@ -39,7 +39,10 @@ export interface AgentOptions {
    * settles as NAT_ERR_XFER_TAINTED instead of its own code (ms, default 5000).
    */
   quiesceMs?: number
-  /** Notifications kept for {@link NixlAgent.waitForNotification} until matched (default 1024). */
+  /**
+   * Notifications kept for {@link NixlAgent.waitForNotification} until matched (default
+   * 1024); 0 keeps none, for callers that only listen to 'notification' events.
+   */
   notificationBuffer?: number
 }
 
@@ -681,7 +684,8 @@ export class NixlAgent extends EventEmitter<Events> {
         break
       }
     }
-    if (!consumed) {
+    // A buffer of 0: the caller consumes 'notification' events only (the transfer agent).
+    if (!consumed && this.#bufferMax > 0) {
       this.#buffer.push(n)
       if (this.#buffer.length > this.#bufferMax) {
         this.#buffer.shift()

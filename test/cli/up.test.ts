@@ -1,9 +1,15 @@
 import { spawn } from 'node:child_process'
 import { once } from 'node:events'
+import { mkdtempSync } from 'node:fs'
+import { tmpdir } from 'node:os'
+import { join } from 'node:path'
 import t from 'tap'
 import { cliEntry } from '../../common/paths.js'
 import { oracleForBody } from '../../sim/src/oracle.js'
 import { get, post, streamedText, waitFor } from '../helpers/cluster.js'
+import { needNixl, probeNixl } from '../native/helpers.js'
+
+const nixl = await probeNixl()
 
 function alive(pid: number): boolean {
   try {
@@ -14,8 +20,18 @@ function alive(pid: number): boolean {
   }
 }
 
-t.test('handoff up serves oracle text through the router and stops every child on SIGTERM', async (t) => {
-  const up = spawn(process.execPath, [cliEntry, 'up', '--prefill', '1', '--decode', '1', '--port', '0'], { stdio: ['ignore', 'pipe', 'pipe'] })
+for (const mode of [
+  { kv: 'none', env: {}, children: 3, says: /.*/ },
+  // `auto` with NIXL here: every simulator gets its agent.
+  { kv: 'auto', env: {}, children: 5, says: /KV moves through transfer agents/ },
+  // `auto` (npm start's default) with NIXL pointed at an empty folder: says so and falls back.
+  { kv: 'auto', env: { NIXL_LIB_DIR: mkdtempSync(join(tmpdir(), 'no-nixl-')) }, children: 3, says: /falling back to --kv none/ },
+] as const) {
+t.test(`handoff up --kv ${mode.kv}${mode.children === 5 ? ' (NIXL here)' : ''} serves oracle text through the router and stops every child on SIGTERM`, { skip: mode.children === 5 ? needNixl(t, nixl) : false }, async (t) => {
+  const up = spawn(process.execPath, [cliEntry, 'up', '--prefill', '1', '--decode', '1', '--port', '0', '--kv', mode.kv], {
+    stdio: ['ignore', 'pipe', 'pipe'],
+    env: { ...process.env, ...mode.env },
+  })
   t.teardown(() => {
     if (up.exitCode === null) up.kill('SIGKILL')
   })
@@ -45,12 +61,14 @@ t.test('handoff up serves oracle text through the router and stops every child o
   // Every child of `up` is a handoff process; collect their pids before stopping.
   const { execFileSync } = await import('node:child_process')
   const pids = execFileSync('pgrep', ['-P', String(up.pid)]).toString().trim().split('\n').map(Number)
-  t.equal(pids.length, 3, 'two simulators and a router')
+  t.equal(pids.length, mode.children, mode.children === 5 ? 'two simulators, their agents and a router' : 'two simulators and a router')
+  if (mode.kv !== 'none') t.match(out, mode.says, 'stderr says which KV mode it chose and why')
   up.kill('SIGTERM')
   const [code] = (await once(up, 'exit')) as [number | null]
   t.equal(code, 0)
   t.ok(await waitFor(() => pids.every((pid) => !alive(pid)), 5000), 'no child left behind')
 })
+}
 
 t.test('handoff up rejects bad flags clearly', async (t) => {
   const run = spawn(process.execPath, [cliEntry, 'up', '--decode', '0'], { stdio: ['ignore', 'pipe', 'pipe'] })
@@ -62,7 +80,7 @@ t.test('handoff up rejects bad flags clearly', async (t) => {
 })
 
 t.test('children of a killed handoff up shut themselves down', async (t) => {
-  const up = spawn(process.execPath, [cliEntry, 'up', '--prefill', '1', '--decode', '1', '--port', '0'], { stdio: ['ignore', 'pipe', 'pipe'] })
+  const up = spawn(process.execPath, [cliEntry, 'up', '--prefill', '1', '--decode', '1', '--port', '0', '--kv', 'none'], { stdio: ['ignore', 'pipe', 'pipe'] })
   t.teardown(() => {
     if (up.exitCode === null) up.kill('SIGKILL')
   })

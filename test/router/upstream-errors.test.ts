@@ -42,6 +42,8 @@ t.test('status and bad answers', async (t) => {
 t.test('engine error bodies give their message', async (t) => {
   t.equal(upstreamErrorDetail('{"error":{"message":"too long"}}'), 'too long')
   t.equal(upstreamErrorDetail('{"message":"flat"}'), 'flat')
+  t.equal(upstreamErrorDetail('{"error":{"message":"KV load failed","code":"SIM_ERR_KV_LOAD_FAILED"}}'), 'SIM_ERR_KV_LOAD_FAILED: KV load failed', 'a string code is kept')
+  t.equal(upstreamErrorDetail('{"error":{"message":"bad","code":400}}'), 'bad', "vLLM's numeric code is the status: dropped")
   t.equal(upstreamErrorDetail('plain text'), 'plain text')
   t.equal(upstreamErrorDetail(''), '(empty body)')
 })

@@ -68,7 +68,8 @@ export class Attachment {
     }
     let nixl: NixlAgent | undefined
     try {
-      nixl = await createAgent(req.engineId)
+      // Notifications are handled as events (agent.ts); nothing waits for them by match.
+      nixl = await createAgent(req.engineId, { notificationBuffer: 0 })
       await nixl.createBackend('UCX', nixlOptions.ucxParams ?? {})
       const reg = await nixl.registerMemory(new Uint8Array(shm.buffer, 0, bytes))
       const blocks = await nixl.prepareLocalBlocks(reg, req.blockSize * req.bytesPerToken)

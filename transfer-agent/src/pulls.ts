@@ -128,8 +128,9 @@ export class Puller {
           ? xfaError('XFA_ERR_PULL_EXISTS', `remote request ${req.remoteRequestId} is being pulled by another request`)
           : validate(req, target)
     if (refused || !target) {
-      // Nothing was read: the engine may reuse the blocks at once (one event per failed pull).
-      o.onQuiesced(req.requestId, req.localBlockIds)
+      // Nothing was read: the engine may reuse the blocks at once (one event per failed pull),
+      // except for a duplicate of a pull in flight, whose event would name the other pull.
+      if (!this.#inFlight.has(req.requestId)) o.onQuiesced(req.requestId, req.localBlockIds)
       throw failure(refused ?? xfaError('XFA_ERR_NOT_ATTACHED', 'no engine'), [...req.localBlockIds], false)
     }
     this.#inFlight.add(req.requestId)

@@ -61,9 +61,11 @@ export function isConnectFailure(err: CodedError): boolean {
 /** Pulls an engine's error message out of an OpenAI/vLLM error body, if there is one. */
 export function upstreamErrorDetail(text: string): string {
   try {
-    const parsed = JSON.parse(text) as { error?: { message?: unknown }; message?: unknown }
+    const parsed = JSON.parse(text) as { error?: { message?: unknown; code?: unknown }; message?: unknown }
     const msg = parsed.error?.message ?? parsed.message
-    if (typeof msg === 'string') return msg.slice(0, 500)
+    // vLLM's `code` is the HTTP status (a number); a string code names the failure: keep it.
+    const code = parsed.error?.code
+    if (typeof msg === 'string') return (typeof code === 'string' ? `${code}: ${msg}` : msg).slice(0, 500)
   } catch {
     // Not JSON: fall through to the raw text.
   }

@@ -1,7 +1,11 @@
 /**
  * Time is injected everywhere lease, TTL, timeout or backoff logic runs, so unit tests can
  * drive it by hand. `now()` is wall-clock milliseconds (what goes into a shared store);
- * `monotonic()` is milliseconds on a clock that never jumps (durations, deadlines in-process).
+ * `monotonic()` is milliseconds on a clock that never jumps (durations, deadlines). The system
+ * clock's is the host's CLOCK_MONOTONIC (process.hrtime), like Python's `perf_counter` that vLLM
+ * exports its lease deadlines on: every process on a host reads the same epoch, so a restarted
+ * process's readings continue where the old one's would have been (performance.now() would
+ * start again near 0 in every process).
  */
 export interface Clock {
   now(): number
@@ -16,7 +20,7 @@ export interface ClockTimer {
 
 export const systemClock: Clock = Object.freeze({
   now: () => Date.now(),
-  monotonic: () => performance.now(),
+  monotonic: () => Number(process.hrtime.bigint()) / 1e6,
   setTimeout: (fn: () => void, ms: number): ClockTimer => setTimeout(fn, ms),
   clearTimeout: (timer: ClockTimer) => clearTimeout(timer as NodeJS.Timeout),
 })

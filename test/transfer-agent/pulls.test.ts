@@ -553,3 +553,35 @@ t.test('a refused duplicate does not announce pull_quiesced under the id of the 
   await h.finish(p, natError('NAT_ERR_XFER_TAINTED', { ranges: [], quiesced: new Promise(() => undefined) }))
   t.same(h.quiesced, [], 'still none: the first pull is tainted')
 })
+
+t.test('a lease already past when its pull arrived drops the cached handshake, once per half lease (a stale clock reading)', async (t) => {
+  const h = harness(t, { autoRead: true })
+  const first = h.start(h.request())
+  await first.promise
+  t.ok(first.done)
+  t.equal(h.handshakes(), 1)
+
+  const late = h.start(h.request({ requestId: 'd-2', remoteRequestId: 'r-2', leaseLeftMs: -1000 }))
+  await late.promise
+  t.match(late.failure, { error: { code: 'XFA_ERR_KV_EXPIRED' } })
+  await flush()
+  t.match(h.releases, [{ engineId: 'p0', reason: 'stale_clock' }], 'the handshake whose clock made it look expired is dropped')
+
+  const again = h.start(h.request({ requestId: 'd-3', remoteRequestId: 'r-3', leaseLeftMs: -1000 }))
+  await again.promise
+  await flush()
+  t.equal(h.handshakes(), 2, 'the next pull sampled the clock again')
+  t.equal(h.releases.length, 1, 'a second late pull within half a lease keeps the new handshake')
+
+  h.clock.advance(LEASE_MS)
+  const inMargin = h.start(h.request({ requestId: 'd-4', remoteRequestId: 'r-4', leaseLeftMs: MARGIN - 1 }))
+  await inMargin.promise
+  await flush()
+  t.match(inMargin.failure, { error: { code: 'XFA_ERR_KV_EXPIRED' } })
+  t.equal(h.releases.length, 1, 'a lease still alive on arrival says nothing about the clock')
+
+  const fresh = h.start(h.request({ requestId: 'd-5', remoteRequestId: 'r-5' }))
+  await fresh.promise
+  t.ok(fresh.done, 'pulls go on')
+  h.clean()
+})

@@ -36,7 +36,7 @@ export function createAgentMetrics() {
     peers: new Gauge({ name: 'handoff_agent_peers', help: 'Peers by state (handshaking, ready, releasing)', labelNames: ['state'] as const, registers }),
     peerReleases: new Counter({
       name: 'handoff_agent_peer_releases_total',
-      help: "Peers whose NIXL state was released, by reason (peer_gone, engine_id_changed, disconnect)",
+      help: "Peers whose NIXL state was released, by reason (peer_gone, engine_id_changed, disconnect, stale_clock)",
       labelNames: ['reason'] as const,
       registers,
     }),

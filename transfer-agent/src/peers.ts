@@ -47,7 +47,7 @@ export interface PeerGate {
   forgetPeer(engineId: string): Promise<void>
 }
 
-export type PeerReleaseReason = 'peer_gone' | 'engine_id_changed' | 'disconnect'
+export type PeerReleaseReason = 'peer_gone' | 'engine_id_changed' | 'disconnect' | 'stale_clock'
 
 /** Reported once per dropped generation, after its NIXL state was released. */
 export interface PeerRelease {
@@ -78,8 +78,12 @@ export interface PeerLease {
   readonly signal: AbortSignal
   /** Ends this lease; idempotent. */
   release(): void
-  /** This READ failed with a remote disconnect: drops this lease's handshake if still cached. */
-  markDisconnected(): boolean
+  /**
+   * This READ failed with a remote disconnect, or the peer's clock reading no longer fits
+   * its deadlines ('stale_clock'): drops this lease's handshake if still cached, so the next
+   * acquire handshakes (and samples the clock) again.
+   */
+  markDisconnected(reason?: 'disconnect' | 'stale_clock'): boolean
 }
 
 export interface PeerGoneTarget {
@@ -222,10 +226,10 @@ export class PeerTable {
    * the old state once its READs are done. Returns whether a cached handshake was dropped
    * (false while one is in flight, or for an unknown or gone engine_id).
    */
-  markDisconnected(engineId: string): boolean {
+  markDisconnected(engineId: string, reason: 'disconnect' | 'stale_clock' = 'disconnect'): boolean {
     const gen = this.#peers.get(engineId)
     if (!gen || gen.state !== 'ready') return false
-    this.#drop(gen, 'disconnect', xfaError('XFA_ERR_PEER_DISCONNECTED', `${engineId} at ${gen.address}`, { engineId, address: gen.address }))
+    this.#drop(gen, reason, xfaError('XFA_ERR_PEER_DISCONNECTED', `${engineId} at ${gen.address} (${reason})`, { engineId, address: gen.address }))
     return true
   }
 
@@ -409,10 +413,10 @@ export class PeerTable {
         gen.reads--
         this.#settle(gen)
       },
-      markDisconnected: () => {
+      markDisconnected: (reason: 'disconnect' | 'stale_clock' = 'disconnect') => {
         // Only this lease's generation: a stale failure must not drop a fresh handshake.
         if (this.#peers.get(gen.engineId) !== gen) return false
-        return this.markDisconnected(gen.engineId)
+        return this.markDisconnected(gen.engineId, reason)
       },
     }
   }

@@ -101,6 +101,8 @@ export class Puller {
   /** P's region prepared once per handshake (keyed by that handshake's metadata buffer). */
   readonly #remoteLists = new WeakMap<Buffer, Promise<PreparedBlocks>>()
   #taintedBlocks = 0
+  /** When each peer's handshake was last dropped as a suspected stale clock (monotonic ms). */
+  readonly #clockSuspected = new Map<string, number>()
 
   constructor(opts: PullerOptions) {
     this.#o = opts
@@ -146,13 +148,14 @@ export class Puller {
       tainted: false,
     }
     let peer: PeerLease | undefined
+    let expiry: LocalExpiry | undefined
     try {
       peer = await o.peers.acquire(req.remoteEngineId, `${req.remoteHost}:${req.remotePort}`)
       if (signal.aborted) throw xfaError('XFA_ERR_PULL_CANCELED', 'the engine went away during the handshake')
       const remote = await this.#remoteList(target, peer)
       const outOfRange = req.remoteBlockIds.find((b) => b >= remote.count)
       if (outOfRange !== undefined) throw xfaError('XFA_ERR_INVALID_ARG', `remote block ${outOfRange} outside the peer's ${remote.count} blocks`)
-      const expiry = req.remoteBlocksExpiryTime === null ? undefined : toLocalExpiry(req.remoteBlocksExpiryTime, peer.clock)
+      expiry = req.remoteBlocksExpiryTime === null ? undefined : toLocalExpiry(req.remoteBlocksExpiryTime, peer.clock)
 
       this.#check(req, expiry, 'before_read', report)
       report.beforeReadMs = o.clock.monotonic() - started
@@ -164,6 +167,7 @@ export class Puller {
       return { requestId: req.requestId, bytes: result.bytes, readMicros: result.micros, pullMicros: report.pullMs * 1000 }
     } catch (err) {
       const f = isPullFailure(err) ? err : this.#failure(err, req, peer)
+      if (peer && expiry && report.expired?.at === 'before_read' && expiry.e0 <= started) this.#suspectClock(peer)
       report.outcome = OUTCOME[f.error.code] ?? 'invalid'
       report.tainted = f.tainted
       report.pullMs = o.clock.monotonic() - started
@@ -178,6 +182,23 @@ export class Puller {
         // Metrics and logs must not change a pull's answer.
       }
     }
+  }
+
+  /**
+   * P's deadline was already past when this pull arrived. Either the pull waited somewhere
+   * (a paused decoder, a slow router), or the clock reading of the cached handshake no longer
+   * fits P: its agent restarted on another clock epoch (another host, a reboot) under the same
+   * engine_id, and every later lease would look expired too. Dropping the handshake makes the
+   * next pull sample the clock again; at most once per half lease per peer, so a burst of
+   * late pulls costs one handshake.
+   */
+  #suspectClock(peer: PeerLease): void {
+    const now = this.#o.clock.monotonic()
+    for (const [id, at] of this.#clockSuspected) if (now - at >= this.#o.leaseMs / 2) this.#clockSuspected.delete(id)
+    const last = this.#clockSuspected.get(peer.engineId)
+    if (last !== undefined && now - last < this.#o.leaseMs / 2) return
+    this.#clockSuspected.set(peer.engineId, now)
+    peer.markDisconnected('stale_clock')
   }
 
   /** The lease check; a decline throws XFA_ERR_KV_EXPIRED with the reason. */

@@ -9,7 +9,7 @@ const commands: Record<string, { summary: string; load: () => Promise<Command> }
   agent: { summary: 'run a transfer agent beside an engine (KV reads over NIXL, leases)', load: async () => (await import('../transfer-agent/src/main.js')).main },
   sim: { summary: 'run a vLLM-compatible engine simulator; `sim oracle` prints expected text', load: async () => (await import('../sim/src/main.js')).main },
   up: { summary: 'start a local cluster: router + simulators', load: async () => (await import('./up.js')).main },
-  bench: { summary: 'run a benchmark (overhead, nixl)', load: async () => (await import('../bench/main.js')).main },
+  bench: { summary: 'run a benchmark (overhead, nixl, agent)', load: async () => (await import('../bench/main.js')).main },
 }
 
 function usage(): string {

@@ -13,6 +13,7 @@ import {
   PullRequest,
 } from './agent-api.js'
 import { AgentConfig } from './agent-config.js'
+import { AgentAck, AgentRegistration, FaultToleranceEvent, LeaseReleaseEvent, PeerGoneEvent, RouterEvent, SnapshotEvent } from './events.js'
 import { KvTransferParams } from './kv-transfer-params.js'
 import {
   ChatCompletionRequest,
@@ -59,6 +60,13 @@ export const sharedSchemas: readonly TSchema[] = [
   AgentEvents,
   PeerHandshake,
   PeerGoneRequest,
+  PeerGoneEvent,
+  LeaseReleaseEvent,
+  SnapshotEvent,
+  RouterEvent,
+  AgentRegistration,
+  AgentAck,
+  FaultToleranceEvent,
 ]
 
 export function schemaId(schema: TSchema): string {

@@ -98,7 +98,19 @@ export const RouterConfig = Type.Object(
     ),
     // Data-plane API keys for /v1 routes; empty means open.
     apiKeys: Type.Array(Type.String({ minLength: 8 }), { default: [] }),
+    // Guards /fault_tolerance/* and /admin/*; without it those endpoints answer 403.
     adminToken: Type.Optional(Type.String({ minLength: 8 })),
+    // Agents present it on registration, event streams and acks; without it they are open.
+    agentToken: Type.Optional(Type.String({ minLength: 8 })),
+    events: Type.Object(
+      {
+        // Events kept for agents that reconnect; an agent further behind gets a snapshot.
+        retention: Type.Integer({ minimum: 1, default: 10000 }),
+        // A comment line on idle agent streams, so proxies do not close them.
+        keepAliveMs: Type.Integer({ minimum: 100, default: 15000 }),
+      },
+      { default: {}, additionalProperties: false },
+    ),
     // Sent as `Authorization: Bearer …` to engines started with `--api-key`.
     upstreamApiKey: Type.Optional(Type.String({ minLength: 1 })),
     shutdownGraceMs: Type.Integer({ minimum: 0, default: 30000 }),

@@ -9,6 +9,8 @@ import type { RouterConfig } from '../../schemas/router-config.js'
 import {
   errorBody,
   isRouterError,
+  RTR_ERR_ADMIN_DISABLED,
+  RTR_ERR_ADMIN_UNAUTHORIZED,
   RTR_ERR_BODY_TOO_LARGE,
   RTR_ERR_INTERNAL,
   RTR_ERR_INVALID_JSON,
@@ -21,12 +23,17 @@ import {
   type RouterErrorCode,
 } from './errors.js'
 import { Admission } from './admission/admission.js'
+import { AgentDirectory } from './events/agent-directory.js'
+import { EventLog } from './events/event-log.js'
+import { RouterEvents } from './events/router-events.js'
 import { untrackedLedger, type LeaseLedger } from './leases/ledger.js'
 import { createRouterMetrics } from './metrics.js'
 import { bearerChecker } from './plugins/auth.js'
 import { CompletionProxy } from './proxy/proxy.js'
 import { Upstream } from './proxy/upstream.js'
+import { agentStreamRoutes } from './routes/agent-stream.js'
 import { completionRoutes } from './routes/completions.js'
+import { faultToleranceRoutes } from './routes/fault-tolerance.js'
 import { healthRoutes } from './routes/health.js'
 import { metricsRoutes } from './routes/metrics.js'
 import { modelRoutes } from './routes/models.js'
@@ -123,6 +130,13 @@ export async function buildApp(deps: RouterDeps): Promise<FastifyInstance> {
 
   const registry = new TopologyRegistry({ clock, policy: config.health, instances: config.instances })
   const metrics = createRouterMetrics()
+  const events = new RouterEvents({
+    log: new EventLog({ clock, retention: config.events.retention }),
+    agents: new AgentDirectory({ clock }),
+    registry,
+    logger: app.log.child({ component: 'events' }),
+    metrics: { events: metrics.events },
+  })
   const dispatcher = upstreamAgent(config)
   const probes = probeAgent(config)
   const admission = new Admission({
@@ -232,12 +246,26 @@ export async function buildApp(deps: RouterDeps): Promise<FastifyInstance> {
     await v1.register(completionRoutes, { proxy })
   })
 
+  // Agents: registration, event streams, acks (the agent token, when set).
+  await app.register(agentStreamRoutes, { events, agentToken: config.agentToken, keepAliveMs: config.events.keepAliveMs })
+  // Control plane: the admin token, always; without one configured the endpoints are off.
+  await app.register(async (admin) => {
+    const check = bearerChecker(config.adminToken ? [config.adminToken] : [])
+    admin.addHook('onRequest', async (req) => {
+      if (!check) throw new RTR_ERR_ADMIN_DISABLED()
+      if (!check(req)) throw new RTR_ERR_ADMIN_UNAUTHORIZED()
+    })
+    await admin.register(faultToleranceRoutes, { events })
+  })
+
   app.decorate('topology', registry)
+  app.decorate('events', events)
   return app
 }
 
 declare module 'fastify' {
   interface FastifyInstance {
     topology: TopologyRegistry
+    events: RouterEvents
   }
 }

@@ -8,7 +8,7 @@ import { RTR_ERR_CONFIG } from './errors.js'
  * defaults. The result is validated against RouterConfig and deep-frozen.
  *
  * Env: HANDOFF_HOST, HANDOFF_PORT, HANDOFF_LOG_LEVEL, HANDOFF_API_KEYS (comma-separated),
- * HANDOFF_ADMIN_TOKEN, HANDOFF_UPSTREAM_API_KEY, HANDOFF_INSTANCES (JSON array).
+ * HANDOFF_ADMIN_TOKEN, HANDOFF_AGENT_TOKEN, HANDOFF_UPSTREAM_API_KEY, HANDOFF_INSTANCES (JSON array).
  */
 export interface ConfigSources {
   file?: string
@@ -42,6 +42,7 @@ function fromEnv(env: NodeJS.ProcessEnv): Record<string, unknown> {
   if (env.HANDOFF_LOG_LEVEL) out.logLevel = env.HANDOFF_LOG_LEVEL
   if (env.HANDOFF_API_KEYS) out.apiKeys = env.HANDOFF_API_KEYS.split(',').map((k) => k.trim()).filter(Boolean)
   if (env.HANDOFF_ADMIN_TOKEN) out.adminToken = env.HANDOFF_ADMIN_TOKEN
+  if (env.HANDOFF_AGENT_TOKEN) out.agentToken = env.HANDOFF_AGENT_TOKEN
   if (env.HANDOFF_UPSTREAM_API_KEY) out.upstreamApiKey = env.HANDOFF_UPSTREAM_API_KEY
   if (env.HANDOFF_INSTANCES) {
     try {

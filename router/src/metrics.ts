@@ -32,6 +32,12 @@ export function createRouterMetrics() {
       buckets: [0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30],
       registers,
     }),
+    events: new Counter({
+      name: 'handoff_router_events_total',
+      help: 'Events logged for the agents, by type (peer_gone, lease_release)',
+      labelNames: ['type'] as const,
+      registers,
+    }),
     handoffGap: new Histogram({
       name: 'handoff_router_handoff_gap_seconds',
       help: "From P's answer to D's first response byte",

@@ -1,0 +1,118 @@
+import type { Clock } from '../../../common/clock.js'
+import type { AgentRegistration } from '../../../schemas/events.js'
+
+/**
+ * The transfer agents the router knows (DESIGN "Topology": an instance's agent). An agent
+ * registers once its engine attached, with its engine_id, its own URL (whose host:port is
+ * the peer address other agents handshake with) and its engine's URL. What it means for the
+ * topology is the caller's business; this keeps the records, their open event streams, and
+ * answers "who runs engine X" and "who should get this event".
+ */
+export interface AgentRecord {
+  readonly agentId: string
+  readonly engineId: string
+  readonly role: AgentRegistration['role']
+  readonly agentUrl: string
+  /** host:port of agentUrl: the address peers know this agent's engine by. */
+  readonly peerAddress: string
+  readonly engineUrl: string | undefined
+  /** The topology instance whose URL is engineUrl, if any. */
+  readonly instanceId: string | undefined
+  readonly registeredAt: number
+  /** Event streams open now. */
+  streams: number
+  lastSeenAt: number
+}
+
+/** What a registration replaced: engine_ids that are gone because of it. */
+export interface Registered {
+  record: AgentRecord
+  /** Engine_ids this registration proves gone (same agent or same peer address, new engine). */
+  gone: { engineId: string; peerAddress: string; reason: string }[]
+}
+
+export class AgentDirectory {
+  readonly #clock: Clock
+  readonly #agents = new Map<string, AgentRecord>()
+
+  constructor(opts: { clock: Clock }) {
+    this.#clock = opts.clock
+  }
+
+  get size(): number {
+    return this.#agents.size
+  }
+
+  register(reg: AgentRegistration, instanceId: string | undefined): Registered {
+    const now = this.#clock.now()
+    const peerAddress = new URL(reg.agentUrl).host
+    const gone: Registered['gone'] = []
+    const previous = this.#agents.get(reg.agentId)
+    if (previous && previous.engineId !== reg.engineId) {
+      gone.push({ engineId: previous.engineId, peerAddress: previous.peerAddress, reason: 'engine_id_changed' })
+    }
+    // Another agent at the same address: the process there restarted (a new agentId).
+    for (const other of [...this.#agents.values()]) {
+      if (other.agentId === reg.agentId || other.peerAddress !== peerAddress) continue
+      this.#agents.delete(other.agentId)
+      if (other.engineId !== reg.engineId) gone.push({ engineId: other.engineId, peerAddress, reason: 'engine_id_changed' })
+    }
+    const record: AgentRecord = {
+      agentId: reg.agentId,
+      engineId: reg.engineId,
+      role: reg.role,
+      agentUrl: reg.agentUrl,
+      peerAddress,
+      engineUrl: reg.engineUrl,
+      instanceId,
+      registeredAt: previous && previous.engineId === reg.engineId ? previous.registeredAt : now,
+      streams: previous?.streams ?? 0,
+      lastSeenAt: now,
+    }
+    this.#agents.set(reg.agentId, record)
+    return { record, gone }
+  }
+
+  get(agentId: string): AgentRecord | undefined {
+    return this.#agents.get(agentId)
+  }
+
+  remove(agentId: string): boolean {
+    return this.#agents.delete(agentId)
+  }
+
+  all(): AgentRecord[] {
+    return [...this.#agents.values()]
+  }
+
+  /** The agents running `engineId` (normally one). */
+  byEngine(engineId: string): AgentRecord[] {
+    return this.all().filter((a) => a.engineId === engineId)
+  }
+
+  byInstance(instanceId: string): AgentRecord[] {
+    return this.all().filter((a) => a.instanceId === instanceId)
+  }
+
+  /** Engine_ids of agents whose peer address is `address`. */
+  engineIdsAt(address: string): string[] {
+    return this.all()
+      .filter((a) => a.peerAddress === address)
+      .map((a) => a.engineId)
+  }
+
+  /** Marks a stream opened or closed. */
+  streamOpened(agentId: string): void {
+    const a = this.#agents.get(agentId)
+    if (!a) return
+    a.streams++
+    a.lastSeenAt = this.#clock.now()
+  }
+
+  streamClosed(agentId: string): void {
+    const a = this.#agents.get(agentId)
+    if (!a) return
+    a.streams = Math.max(0, a.streams - 1)
+    a.lastSeenAt = this.#clock.now()
+  }
+}

@@ -1,0 +1,152 @@
+import type { Clock } from '../../../common/clock.js'
+import type { LeaseReleaseEvent, PeerGoneEvent, RouterEvent, SnapshotEvent } from '../../../schemas/events.js'
+
+/**
+ * The router's one ordered log of events for the agents (DESIGN "Events"). Every event gets
+ * the next sequence number; agents resume after the last one they applied and acknowledge
+ * what they applied, which is what `delivery(seq)` reports. Retention is bounded by count:
+ * an agent that asks for a sequence the log no longer holds gets a snapshot first (every
+ * engine_id still remembered as gone), then what the log holds.
+ *
+ * In memory here; the Redis implementation (issue 10) keeps the same contract.
+ */
+export type PeerGoneInput = Omit<PeerGoneEvent, 'seq' | 'at'>
+export type LeaseReleaseInput = Omit<LeaseReleaseEvent, 'seq' | 'at'>
+export type EventInput = PeerGoneInput | LeaseReleaseInput
+export type LoggedEvent = PeerGoneEvent | LeaseReleaseEvent
+
+export interface Delivery {
+  seq: number
+  type: LoggedEvent['type']
+  /** Agents that acknowledged this sequence (or a later one). */
+  applied: string[]
+  /** Agents the event was for when it was logged. */
+  expected: string[]
+}
+
+export interface EventLogOptions {
+  clock: Clock
+  /** Events kept for resuming agents (default 10,000). */
+  retention?: number
+  /** How long a gone engine_id stays in snapshots, ms (default 10 min, the agents' tombstone). */
+  goneTtlMs?: number
+}
+
+interface Entry {
+  event: LoggedEvent
+  expected: readonly string[]
+}
+
+export class EventLog {
+  readonly #clock: Clock
+  readonly #retention: number
+  readonly #goneTtlMs: number
+  #entries: Entry[] = []
+  #seq = 0
+  /** Gone engine_id → when (wall ms); insertion order is age order. */
+  readonly #gone = new Map<string, number>()
+  /** Agent → the last sequence it acknowledged. */
+  readonly #acks = new Map<string, number>()
+  readonly #listeners = new Set<(event: LoggedEvent) => void>()
+
+  constructor(opts: EventLogOptions) {
+    this.#clock = opts.clock
+    this.#retention = opts.retention ?? 10_000
+    this.#goneTtlMs = opts.goneTtlMs ?? 10 * 60_000
+    if (!(Number.isInteger(this.#retention) && this.#retention > 0)) throw new RangeError(`retention must be a positive integer, got ${this.#retention}`)
+  }
+
+  get last(): number {
+    return this.#seq
+  }
+
+  /** The oldest sequence still held (last + 1 when empty). */
+  get first(): number {
+    return this.#entries[0]?.event.seq ?? this.#seq + 1
+  }
+
+  get size(): number {
+    return this.#entries.length
+  }
+
+  /** Appends an event for `expected` agents; listeners (open streams) see it at once. */
+  append(input: EventInput, expected: readonly string[]): LoggedEvent {
+    const event = { ...input, seq: ++this.#seq, at: this.#clock.now() } as LoggedEvent
+    if (event.type === 'peer_gone') {
+      for (const id of event.engineIds) {
+        this.#gone.delete(id)
+        this.#gone.set(id, event.at)
+      }
+      this.#pruneGone()
+    }
+    this.#entries.push({ event, expected: [...expected] })
+    if (this.#entries.length > this.#retention) this.#entries = this.#entries.slice(this.#entries.length - this.#retention)
+    for (const fn of [...this.#listeners]) fn(event)
+    return event
+  }
+
+  /**
+   * What an agent that applied everything up to `after` needs: the events after it, with a
+   * snapshot first when some of them are no longer held.
+   */
+  since(after: number): RouterEvent[] {
+    const out: RouterEvent[] = []
+    if (after < this.first - 1) out.push(this.snapshot())
+    for (const e of this.#entries) if (e.event.seq > after) out.push(e.event)
+    return out
+  }
+
+  /** The state that replaces events no longer held; its seq is the one just before the oldest held. */
+  snapshot(): SnapshotEvent {
+    this.#pruneGone()
+    return { seq: this.first - 1, type: 'snapshot', goneEngineIds: [...this.#gone.keys()], at: this.#clock.now() }
+  }
+
+  /** Whether `engineId` was declared gone recently (a repeated peer_gone is a no-op). */
+  isGone(engineId: string): boolean {
+    this.#pruneGone()
+    return this.#gone.has(engineId)
+  }
+
+  /** The latest peer_gone naming every one of `engineIds`, if still held (for idempotent answers). */
+  lastPeerGone(engineIds: readonly string[]): PeerGoneEvent | undefined {
+    for (let i = this.#entries.length - 1; i >= 0; i--) {
+      const e = (this.#entries[i] as Entry).event
+      if (e.type === 'peer_gone' && engineIds.every((id) => e.engineIds.includes(id))) return e
+    }
+    return undefined
+  }
+
+  ack(agentId: string, seq: number): void {
+    if (seq > this.#seq) return // an agent cannot have applied what was never logged
+    if (seq > (this.#acks.get(agentId) ?? 0)) this.#acks.set(agentId, seq)
+  }
+
+  acked(agentId: string): number {
+    return this.#acks.get(agentId) ?? 0
+  }
+
+  delivery(seq: number): Delivery | undefined {
+    const entry = this.#entries.find((e) => e.event.seq === seq)
+    if (!entry) return undefined
+    return {
+      seq,
+      type: entry.event.type,
+      expected: [...entry.expected],
+      applied: entry.expected.filter((a) => (this.#acks.get(a) ?? 0) >= seq),
+    }
+  }
+
+  subscribe(fn: (event: LoggedEvent) => void): () => void {
+    this.#listeners.add(fn)
+    return () => this.#listeners.delete(fn)
+  }
+
+  #pruneGone(): void {
+    const cutoff = this.#clock.now() - this.#goneTtlMs
+    for (const [id, at] of this.#gone) {
+      if (at > cutoff) break
+      this.#gone.delete(id)
+    }
+  }
+}

@@ -1,0 +1,141 @@
+import type { AgentRegistration } from '../../../schemas/events.js'
+import type { TopologyRegistry } from '../topology/registry.js'
+import { AgentDirectory, type AgentRecord } from './agent-directory.js'
+import type { EventLog, LeaseReleaseInput, LoggedEvent } from './event-log.js'
+
+/**
+ * Where the router decides to tell the agents something (DESIGN "Events"): an engine_id that
+ * is gone (a new engine_id at an address, an agent re-registering under another engine,
+ * ops tooling, a drained instance) becomes one `peer_gone`; a lease nobody will read becomes
+ * a `lease_release` for the prefiller's agent. Both go into the one ordered log; the stream
+ * routes deliver them.
+ */
+export interface PeerGoneTarget {
+  engineIds?: readonly string[]
+  addresses?: readonly string[]
+}
+
+export interface PeerGoneResult {
+  /** The event's sequence (an earlier one's for a repeat); null when nothing was known. */
+  seq: number | null
+  engineIds: string[]
+  /** Named engine_ids and addresses that resolve to nothing the router knows (no-ops). */
+  unknown: string[]
+  /** Whether a new event was logged (false for a repeat or an unknown target). */
+  logged: boolean
+}
+
+export interface EventsLogger {
+  info(obj: object, msg: string): void
+  warn(obj: object, msg: string): void
+}
+
+export interface RouterEventsMetrics {
+  events: { inc(labels: { type: string }): void }
+}
+
+export class RouterEvents {
+  readonly log: EventLog
+  readonly agents: AgentDirectory
+  readonly #registry: TopologyRegistry
+  readonly #logger: EventsLogger
+  readonly #metrics: RouterEventsMetrics | undefined
+  /**
+   * Engine_ids seen before (agents, replaced incarnations); with the instances' current ones
+   * from the registry (learned from prefill answers) they are what "known" means.
+   */
+  readonly #known = new Set<string>()
+
+  constructor(opts: { log: EventLog; agents: AgentDirectory; registry: TopologyRegistry; logger: EventsLogger; metrics?: RouterEventsMetrics }) {
+    this.log = opts.log
+    this.agents = opts.agents
+    this.#registry = opts.registry
+    this.#logger = opts.logger
+    this.#metrics = opts.metrics
+    opts.registry.subscribe((change) => {
+      if (change.type !== 'engine_id_changed') return
+      this.#known.add(change.previous).add(change.current)
+      this.peerGone({ engineIds: [change.previous] }, `engine_id_changed at ${change.address}`)
+    })
+  }
+
+  /** An agent's registration: records it, ties it to its instance, and reports what it replaced. */
+  registerAgent(reg: AgentRegistration): AgentRecord {
+    const instance = reg.engineUrl ? this.#instanceByUrl(reg.engineUrl) : undefined
+    const { record, gone } = this.agents.register(reg, instance)
+    this.#known.add(reg.engineId)
+    for (const g of gone) this.peerGone({ engineIds: [g.engineId], addresses: [] }, `${g.reason}: agent ${reg.agentId} at ${g.peerAddress}`)
+    // After the agent's own peer_gone, so the registry's engine_id change finds it already gone.
+    if (instance) this.#registry.observeEngineId(instance, reg.engineId)
+    this.#logger.info({ agentId: reg.agentId, engineId: reg.engineId, instance, peerAddress: record.peerAddress }, 'agent registered')
+    return record
+  }
+
+  /**
+   * `peer_gone` for engine_ids and addresses (an agent's peer address or an instance's
+   * host:port). Engine_ids already gone are a no-op answered with the earlier sequence;
+   * unknown ones and addresses that resolve to nothing are no-ops.
+   */
+  peerGone(target: PeerGoneTarget, reason: string): PeerGoneResult {
+    const ids = new Set<string>()
+    const unknown: string[] = []
+    const current = new Set(this.#registry.snapshot().instances.map((i) => i.engineId))
+    for (const id of target.engineIds ?? []) {
+      if (this.#known.has(id) || current.has(id) || this.log.isGone(id)) ids.add(id)
+      else unknown.push(id)
+    }
+    const addresses: string[] = []
+    for (const address of target.addresses ?? []) {
+      const found = this.#resolve(address)
+      if (found.length === 0) unknown.push(address)
+      else addresses.push(address)
+      for (const id of found) ids.add(id)
+    }
+    const fresh = [...ids].filter((id) => !this.log.isGone(id))
+    if (fresh.length === 0) {
+      const earlier = ids.size > 0 ? this.log.lastPeerGone([...ids]) : undefined
+      return { seq: earlier?.seq ?? (ids.size > 0 ? this.log.last : null), engineIds: [...ids], unknown, logged: false }
+    }
+    const peerAddresses = new Set(addresses)
+    for (const id of fresh) for (const a of this.agents.byEngine(id)) peerAddresses.add(a.peerAddress)
+    const event = this.#append({ type: 'peer_gone', engineIds: fresh, addresses: [...peerAddresses], reason }, this.agents.all().map((a) => a.agentId))
+    this.#logger.warn({ seq: event.seq, engineIds: fresh, addresses: [...peerAddresses], reason }, 'peer_gone')
+    return { seq: event.seq, engineIds: fresh, unknown, logged: true }
+  }
+
+  /**
+   * A lease nobody will read (the client left between the legs, D failed or is gone): the
+   * prefiller's agent frees the blocks now instead of at expiry. Returns the sequence, or
+   * null when no agent runs that engine (engine mode: the engine keeps its own lease).
+   */
+  releaseLease(input: Omit<LeaseReleaseInput, 'type'>): number | null {
+    const owners = this.agents.byEngine(input.prefillEngineId)
+    if (owners.length === 0) return null
+    return this.#append({ type: 'lease_release', ...input }, owners.map((a) => a.agentId)).seq
+  }
+
+  #append(input: Parameters<EventLog['append']>[0], expected: string[]): LoggedEvent {
+    const event = this.log.append(input, expected)
+    this.#metrics?.events.inc({ type: event.type })
+    return event
+  }
+
+  /** Engine_ids at an address: agents there, and instances whose URL has that host:port. */
+  #resolve(address: string): string[] {
+    const ids = new Set(this.agents.engineIdsAt(address))
+    for (const inst of this.#registry.snapshot().instances) {
+      if (inst.engineId && new URL(inst.url).host === address) ids.add(inst.engineId)
+    }
+    return [...ids]
+  }
+
+  #instanceByUrl(url: string): string | undefined {
+    const want = normalize(url)
+    return this.#registry.snapshot().instances.find((i) => normalize(i.url) === want)?.id
+  }
+}
+
+function normalize(url: string): string {
+  const u = new URL(url)
+  return `${u.protocol}//${u.host}${u.pathname.replace(/\/+$/, '')}`
+}

@@ -1,0 +1,78 @@
+import type { FastifyPluginAsync } from 'fastify'
+import type { AgentAck, AgentRegistration } from '../../../schemas/events.js'
+import { RTR_ERR_AGENT_UNAUTHORIZED, RTR_ERR_AGENT_UNKNOWN } from '../errors.js'
+import type { RouterEvents } from '../events/router-events.js'
+import { bearerChecker } from '../plugins/auth.js'
+
+/**
+ * The agents' side of the event log (DESIGN "Events"):
+ * - `POST /v1/agents`: registration once the agent's engine attached;
+ * - `GET /v1/agents/:agentId/events?after=N` (or `Last-Event-ID`): an SSE stream of every
+ *   event after N, a snapshot first when N fell out of retention, then live ones; a comment
+ *   line every `keepAliveMs` keeps proxies from closing an idle stream;
+ * - `POST /v1/agents/:agentId/acks {seq}`: everything up to seq was applied (delivery).
+ * With an agent token configured, every call must carry it.
+ */
+export interface AgentStreamOptions {
+  events: RouterEvents
+  agentToken: string | undefined
+  keepAliveMs: number
+}
+
+const digits = { type: 'string', pattern: '^[0-9]{1,15}$' } as const
+
+export const agentStreamRoutes: FastifyPluginAsync<AgentStreamOptions> = async (app, opts) => {
+  const { events } = opts
+  const check = bearerChecker(opts.agentToken ? [opts.agentToken] : [])
+  if (check) {
+    app.addHook('onRequest', async (req) => {
+      if (!check(req)) throw new RTR_ERR_AGENT_UNAUTHORIZED()
+    })
+  }
+
+  app.post<{ Body: AgentRegistration }>('/v1/agents', { schema: { body: { $ref: 'AgentRegistration#' } } }, async (req) => {
+    const record = events.registerAgent(req.body)
+    return { agentId: record.agentId, instanceId: record.instanceId ?? null, lastSeq: events.log.last }
+  })
+
+  app.post<{ Params: { agentId: string }; Body: AgentAck }>('/v1/agents/:agentId/acks', { schema: { body: { $ref: 'AgentAck#' } } }, async (req, reply) => {
+    if (!events.agents.get(req.params.agentId)) throw new RTR_ERR_AGENT_UNKNOWN(req.params.agentId)
+    events.log.ack(req.params.agentId, req.body.seq)
+    return reply.code(204).send()
+  })
+
+  app.get<{ Params: { agentId: string }; Querystring: { after?: string } }>(
+    '/v1/agents/:agentId/events',
+    { schema: { querystring: { type: 'object', properties: { after: digits }, additionalProperties: false } } },
+    async (req, reply) => {
+      const { agentId } = req.params
+      if (!events.agents.get(agentId)) throw new RTR_ERR_AGENT_UNKNOWN(agentId)
+      const lastEventId = req.headers['last-event-id']
+      const after = Number(typeof lastEventId === 'string' && /^[0-9]{1,15}$/.test(lastEventId) ? lastEventId : (req.query.after ?? '0'))
+      reply.hijack()
+      const res = reply.raw
+      res.writeHead(200, { 'content-type': 'text/event-stream', 'cache-control': 'no-store', connection: 'keep-alive', 'x-accel-buffering': 'no' })
+      let sent = after
+      const send = (event: { seq: number }): void => {
+        if (event.seq <= sent && (event as { type?: string }).type !== 'snapshot') return
+        sent = Math.max(sent, event.seq)
+        res.write(`id: ${event.seq}\ndata: ${JSON.stringify(event)}\n\n`)
+      }
+      // Subscribe first, then replay: an event logged in between is sent once (seq check).
+      const queued: { seq: number }[] = []
+      let replaying = true
+      const unsubscribe = events.log.subscribe((e) => (replaying ? queued.push(e) : send(e)))
+      for (const e of events.log.since(after)) send(e)
+      replaying = false
+      for (const e of queued) send(e)
+      events.agents.streamOpened(agentId)
+      const keepAlive = setInterval(() => res.write(': keep-alive\n\n'), opts.keepAliveMs)
+      keepAlive.unref()
+      res.once('close', () => {
+        clearInterval(keepAlive)
+        unsubscribe()
+        events.agents.streamClosed(agentId)
+      })
+    },
+  )
+}

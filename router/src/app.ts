@@ -34,6 +34,7 @@ import { Upstream } from './proxy/upstream.js'
 import { agentStreamRoutes } from './routes/agent-stream.js'
 import { completionRoutes } from './routes/completions.js'
 import { faultToleranceRoutes } from './routes/fault-tolerance.js'
+import { topologyRoutes } from './routes/topology.js'
 import { healthRoutes } from './routes/health.js'
 import { metricsRoutes } from './routes/metrics.js'
 import { modelRoutes } from './routes/models.js'
@@ -256,6 +257,7 @@ export async function buildApp(deps: RouterDeps): Promise<FastifyInstance> {
       if (!check(req)) throw new RTR_ERR_ADMIN_UNAUTHORIZED()
     })
     await admin.register(faultToleranceRoutes, { events })
+    await admin.register(topologyRoutes, { registry, events, pairing: config.pairing })
   })
 
   app.decorate('topology', registry)

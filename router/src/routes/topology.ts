@@ -1,0 +1,40 @@
+import type { FastifyPluginAsync } from 'fastify'
+import type { PairingPolicy } from '../topology/selection.js'
+import { paired } from '../topology/selection.js'
+import type { TopologyRegistry } from '../topology/registry.js'
+import type { RouterEvents } from '../events/router-events.js'
+
+/**
+ * `GET /topology` (admin-guarded: it names internal addresses): every instance with its
+ * role, state, engine_id, load and agents; which decoders may read from which prefillers;
+ * and where the event log stands. A read of the registry's snapshot, nothing more.
+ */
+export const topologyRoutes: FastifyPluginAsync<{ registry: TopologyRegistry; events: RouterEvents; pairing: PairingPolicy }> = async (app, opts) => {
+  app.get('/topology', async () => {
+    const snap = opts.registry.snapshot()
+    const agents = opts.events.agents.all()
+    const instances = snap.instances.map((i) => ({
+      id: i.id,
+      role: i.role,
+      url: i.url,
+      engineId: i.engineId ?? null,
+      state: i.draining ? 'draining' : i.healthy ? 'ready' : 'unhealthy',
+      inflight: i.inflight,
+      labels: i.labels,
+      models: i.models ? [...i.models] : null,
+      agents: agents
+        .filter((a) => a.instanceId === i.id)
+        .map((a) => ({ agentId: a.agentId, engineId: a.engineId, peerAddress: a.peerAddress, streams: a.streams, acked: opts.events.log.acked(a.agentId) })),
+    }))
+    const prefillers = snap.instances.filter((i) => i.role !== 'decode')
+    const decoders = snap.instances.filter((i) => i.role !== 'prefill')
+    const pairs: [string, string][] = []
+    for (const p of prefillers) for (const d of decoders) if (p.id !== d.id && paired(p, d, opts.pairing)) pairs.push([p.id, d.id])
+    return {
+      instances,
+      pairing: { ...opts.pairing, pairs },
+      unattachedAgents: agents.filter((a) => a.instanceId === undefined).map((a) => ({ agentId: a.agentId, engineId: a.engineId, peerAddress: a.peerAddress })),
+      events: { first: opts.events.log.first, last: opts.events.log.last },
+    }
+  })
+}

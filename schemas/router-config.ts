@@ -102,6 +102,19 @@ export const RouterConfig = Type.Object(
     adminToken: Type.Optional(Type.String({ minLength: 8 })),
     // Agents present it on registration, event streams and acks; without it they are open.
     agentToken: Type.Optional(Type.String({ minLength: 8 })),
+    // Engines without a transfer agent (stock vLLM moving KV itself): on every peer_gone the
+    // router POSTs {"engine_id": …} to this template, `{instance_url}` and `{engine_id}`
+    // replaced, e.g. "{instance_url}/drop_peer" (vLLM PR #56341). Unset: they are not told,
+    // and each such notification is counted as not_configured.
+    engineMode: Type.Object(
+      {
+        peerGoneUrl: Type.Optional(Type.String({ minLength: 1, pattern: '^\\{instance_url\\}' })),
+        retries: Type.Integer({ minimum: 0, maximum: 10, default: 3 }),
+        timeoutMs: Type.Integer({ minimum: 10, default: 2000 }),
+        backoffMs: Type.Integer({ minimum: 1, default: 200 }),
+      },
+      { default: {}, additionalProperties: false },
+    ),
     events: Type.Object(
       {
         // Events kept for agents that reconnect; an agent further behind gets a snapshot.

@@ -24,6 +24,7 @@ import {
 } from './errors.js'
 import { Admission } from './admission/admission.js'
 import { AgentDirectory } from './events/agent-directory.js'
+import { EngineNotifier } from './events/engine-notifier.js'
 import { EventLog } from './events/event-log.js'
 import { RouterEvents } from './events/router-events.js'
 import { untrackedLedger, type LeaseLedger } from './leases/ledger.js'
@@ -138,6 +139,19 @@ export async function buildApp(deps: RouterDeps): Promise<FastifyInstance> {
     logger: app.log.child({ component: 'events' }),
     metrics: { events: metrics.events },
   })
+  const engineNotifier = new EngineNotifier({
+    log: events.log,
+    registry,
+    agents: events.agents,
+    clock,
+    logger: app.log.child({ component: 'engine-mode' }),
+    urlTemplate: config.engineMode.peerGoneUrl,
+    retries: config.engineMode.retries,
+    timeoutMs: config.engineMode.timeoutMs,
+    backoffMs: config.engineMode.backoffMs,
+    ...(config.upstreamApiKey ? { apiKey: config.upstreamApiKey } : {}),
+    metrics: metrics.engineNotifications,
+  })
   const dispatcher = upstreamAgent(config)
   const probes = probeAgent(config)
   const admission = new Admission({
@@ -212,7 +226,7 @@ export async function buildApp(deps: RouterDeps): Promise<FastifyInstance> {
   app.addHook('onClose', async () => {
     prober.stop()
     admission.close()
-    await Promise.all([dispatcher.close(), probes.close()])
+    await Promise.all([dispatcher.close(), probes.close(), engineNotifier.close()])
   })
 
   app.setErrorHandler((err: FastifyError, req, reply) => {

@@ -38,6 +38,12 @@ export function createRouterMetrics() {
       labelNames: ['type'] as const,
       registers,
     }),
+    engineNotifications: new Counter({
+      name: 'handoff_router_engine_notifications_total',
+      help: 'peer_gone calls to engines without an agent (engine mode), by outcome (ok, failed, not_configured)',
+      labelNames: ['outcome'] as const,
+      registers,
+    }),
     handoffGap: new Histogram({
       name: 'handoff_router_handoff_gap_seconds',
       help: "From P's answer to D's first response byte",

@@ -3,6 +3,7 @@ const benches: Record<string, () => Promise<(argv: string[]) => Promise<void>>> 
   overhead: async () => (await import('./overhead.js')).runOverheadBench,
   nixl: async () => (await import('./nixl.js')).runNixlBench,
   agent: async () => (await import('./agent.js')).runAgentBench,
+  events: async () => (await import('./events.js')).runEventsBench,
   // Internal: the baseline proxy that `overhead` starts as a child process.
   'bare-proxy': async () => (await import('./bare-proxy.js')).runBareProxy,
 }

@@ -1,0 +1,132 @@
+import { parseArgs } from 'node:util'
+import { request } from 'undici'
+import { ManualClock } from '../common/clock.js'
+import { seededRandom } from '../common/random.js'
+import { buildApp } from '../router/src/app.js'
+import { loadConfig } from '../router/src/config.js'
+import { TopologyRegistry } from '../router/src/topology/registry.js'
+import { selectRoute } from '../router/src/topology/selection.js'
+import type { InstanceConfig, RouterConfig } from '../schemas/router-config.js'
+
+/*
+ * `handoff bench events`: issue #9's control-plane figures.
+ * - Fan-out: a real router (in this process, real sockets) with N agents' event streams open
+ *   (light SSE clients here, not agent processes); each round registers a throwaway engine and
+ *   declares it gone with POST /fault_tolerance/event; the time from sending that call to each
+ *   stream receiving the event is one sample.
+ * - Selection: selectRoute over a 1,000-instance snapshot (the pure function every request runs).
+ */
+
+const ADMIN = 'bench-admin-token'
+
+interface Stream {
+  received: Map<number, number>
+  close(): void
+}
+
+async function openStream(url: string, agentId: string): Promise<Stream> {
+  const received = new Map<number, number>()
+  const ac = new AbortController()
+  const res = await request(`${url}/v1/agents/${agentId}/events?after=0`, { signal: ac.signal, bodyTimeout: 0 })
+  let buf = ''
+  res.body.on('data', (chunk: Buffer) => {
+    const now = performance.now()
+    buf += chunk.toString('utf8')
+    let i: number
+    while ((i = buf.indexOf('\n\n')) >= 0) {
+      const frame = buf.slice(0, i)
+      buf = buf.slice(i + 2)
+      const m = /^id: (\d+)$/m.exec(frame)
+      if (m) received.set(Number(m[1]), now)
+    }
+  })
+  res.body.on('error', () => undefined)
+  return { received, close: () => ac.abort() }
+}
+
+const post = async (url: string, body: unknown, headers: Record<string, string> = {}): Promise<number> => {
+  const res = await request(url, { method: 'POST', headers: { 'content-type': 'application/json', ...headers }, body: JSON.stringify(body) })
+  await res.body.dump()
+  return res.statusCode
+}
+
+function quantile(sorted: number[], q: number): number {
+  return sorted[Math.min(sorted.length - 1, Math.floor(q * sorted.length))] ?? NaN
+}
+
+const fmt = (ms: number): string => (ms >= 10 ? ms.toFixed(1) : ms.toFixed(2))
+
+async function fanOut(agents: number, rounds: number): Promise<string> {
+  const config = { ...loadConfig({ overrides: { port: 0, logLevel: 'silent' } }), instances: [], adminToken: ADMIN } as RouterConfig
+  const app = await buildApp({ config, probe: false })
+  const url = await app.listen({ host: '127.0.0.1', port: 0 })
+  const streams: Stream[] = []
+  try {
+    for (let i = 0; i < agents; i++) {
+      await post(`${url}/v1/agents`, { agentId: `a${i}`, engineId: `e${i}`, role: 'decode', agentUrl: `http://127.0.0.1:${20000 + i}` })
+      streams.push(await openStream(url, `a${i}`))
+    }
+    const samples: number[] = []
+    const perEvent: number[] = []
+    for (let r = 0; r < rounds; r++) {
+      // A throwaway engine to declare gone (unknown engines are a no-op by design).
+      await post(`${url}/v1/agents`, { agentId: `gone${r}`, engineId: `gone-${r}`, role: 'prefill', agentUrl: `http://127.0.0.1:${40000 + r}` })
+      const sent = performance.now()
+      const status = await post(`${url}/fault_tolerance/event`, { event_type: 'peer_gone', nodes: { engine_ids: [`gone-${r}`] } }, { authorization: `Bearer ${ADMIN}` })
+      if (status !== 202) throw new Error(`fault_tolerance/event answered ${status}`)
+      const seq = app.events.log.last
+      const deadline = performance.now() + 5000
+      while (streams.some((s) => !s.received.has(seq)) && performance.now() < deadline) await new Promise((resolve) => setImmediate(resolve))
+      let last = 0
+      for (const s of streams) {
+        const at = s.received.get(seq)
+        if (at === undefined) throw new Error(`event ${seq} not received by every stream within 5 s`)
+        samples.push(at - sent)
+        last = Math.max(last, at - sent)
+      }
+      perEvent.push(last)
+    }
+    samples.sort((a, b) => a - b)
+    perEvent.sort((a, b) => a - b)
+    return `| ${agents} | ${rounds} | ${fmt(quantile(samples, 0.5))} / ${fmt(quantile(samples, 0.99))} | ${fmt(quantile(perEvent, 0.5))} / ${fmt(quantile(perEvent, 0.99))} |`
+  } finally {
+    for (const s of streams) s.close()
+    await app.close()
+  }
+}
+
+function selection(instances: number, iterations: number): string {
+  const configs: InstanceConfig[] = []
+  for (let i = 0; i < instances; i++) configs.push({ id: `i${i}`, role: i % 2 === 0 ? 'prefill' : 'decode', url: `http://10.0.${i >> 8}.${i & 255}:8000`, labels: { transfer_group: `g${Math.floor(i / 2) % 10}` } })
+  const clock = new ManualClock()
+  const registry = new TopologyRegistry({ clock, policy: { unhealthyThreshold: 3, baseEjectionMs: 5000, maxEjectionMs: 120000 }, instances: configs })
+  const random = seededRandom(1)
+  const rows: string[] = []
+  for (const mode of ['all', 'label'] as const) {
+    const pairing = { mode, label: 'transfer_group' }
+    const snap = registry.snapshot()
+    for (let i = 0; i < 1000; i++) selectRoute(snap, 'handoff/sim-1', pairing, random, { cap: 256 })
+    const start = process.hrtime.bigint()
+    for (let i = 0; i < iterations; i++) selectRoute(registry.snapshot(), 'handoff/sim-1', pairing, random, { cap: 256 })
+    const us = Number(process.hrtime.bigint() - start) / 1000 / iterations
+    rows.push(`| ${instances} | ${mode} | ${iterations} | ${us.toFixed(1)} |`)
+  }
+  return rows.join('\n')
+}
+
+export async function runEventsBench(argv: string[]): Promise<void> {
+  const { values } = parseArgs({ args: argv, options: { quick: { type: 'boolean' }, help: { type: 'boolean' } } })
+  if (values.help) {
+    process.stdout.write('usage: handoff bench events [--quick]\n\nEvent fan-out latency to 1, 10 and 100 agent streams, and pair selection time over 1,000 instances.\n')
+    return
+  }
+  const rounds = values.quick ? 20 : 200
+  const lines = ['| agents | events | send → each stream received, p50 / p99 ms | send → last stream received, p50 / p99 ms |', '| ---: | ---: | ---: | ---: |']
+  for (const n of [1, 10, 100]) {
+    process.stderr.write(`fan-out to ${n} agent stream(s)…\n`)
+    lines.push(await fanOut(n, rounds))
+  }
+  lines.push('', '| instances | pairing | selections | µs per selection (snapshot + selectRoute) |', '| ---: | --- | ---: | ---: |')
+  lines.push(selection(1000, values.quick ? 200 : 5000))
+  process.stdout.write(lines.join('\n') + '\n')
+}

@@ -1,9 +1,10 @@
 import { parseArgs } from 'node:util'
+import { freePort } from '../common/ports.js'
 import { spawnService, type SpawnedService } from '../common/spawn.js'
 
 const HELP = `usage: handoff up [--prefill N] [--decode M] [--both K] [--port P] [--host H]
                   [--kv auto|agent|none] [--lease-seconds S] [--kv-load-failure-policy fail|recompute]
-                  [--model NAME] [--verbose]
+                  [--model NAME] [--admin-token T] [--verbose]
 
 Starts a local P/D cluster: N prefill and M decode simulators and a router in front of them,
 each a child process on a free port. Prints "handoff ready <url>" once the router serves, and
@@ -13,6 +14,12 @@ stops every child on SIGINT/SIGTERM.
              between them with NIXL READs under leases of --lease-seconds (default 30).
 --kv none    decoders compute the prompt's KV themselves (no NIXL needed).
 --kv auto    (default) agent when NIXL loads, otherwise none, saying why on stderr.
+--admin-token T   the router's admin token (POST /fault_tolerance/event and other control
+             endpoints; passed in the environment, not on a command line).
+
+With agents, the router's port is chosen first (a free one for --port 0) and every agent
+follows the router's event log at it (--router-url): agents start before the router and
+their link retries until it serves.
 `
 
 function count(value: string | undefined, name: string, fallback: number): number {
@@ -20,6 +27,13 @@ function count(value: string | undefined, name: string, fallback: number): numbe
   const n = Number(value)
   if (!Number.isInteger(n) || n < 0 || n > 64) throw new Error(`--${name} must be an integer from 0 to 64, got '${value}'`)
   return n
+}
+
+/** A host to dial for a listen host: a wildcard is reached on loopback. */
+function dialable(host: string): string {
+  if (host === '0.0.0.0' || host === '') return '127.0.0.1'
+  if (host === '::') return '[::1]'
+  return host.includes(':') ? `[${host}]` : host
 }
 
 /** `auto` → agent when NIXL loads here; otherwise none, with the reason. */
@@ -50,6 +64,7 @@ export async function main(argv: string[]): Promise<void> {
       'lease-seconds': { type: 'string' },
       'kv-load-failure-policy': { type: 'string' },
       model: { type: 'string' },
+      'admin-token': { type: 'string' },
       verbose: { type: 'boolean' },
       help: { type: 'boolean', short: 'h' },
     },
@@ -64,8 +79,10 @@ export async function main(argv: string[]): Promise<void> {
   if (decode + both === 0) throw new Error('a cluster needs at least one --decode or --both instance')
   const { kv, note } = await resolveKv(values.kv ?? 'auto')
   if (note) process.stderr.write(`handoff up: ${note}\n`)
-  const port = values.port ?? '8000'
   const host = values.host ?? '127.0.0.1'
+  // Agents need the router's URL before it exists: fix its port now.
+  const port = kv === 'agent' && (values.port ?? '8000') === '0' ? String(await freePort(host)) : (values.port ?? '8000')
+  const routerUrl = `http://${dialable(host)}:${port}`
   const verbose = values.verbose === true
 
   const children: SpawnedService[] = []
@@ -106,7 +123,7 @@ export async function main(argv: string[]): Promise<void> {
       plan.map(async (p) => {
         let agentArgs: string[] = []
         if (kv === 'agent') {
-          const agent = await spawnService({ args: ['agent', '--port', '0', ...lease], inheritOutput: verbose })
+          const agent = await spawnService({ args: ['agent', '--port', '0', '--router-url', routerUrl, ...lease], inheritOutput: verbose })
           children.push(agent)
           watch(agent)
           agentArgs = ['--agent-url', agent.url]
@@ -120,7 +137,7 @@ export async function main(argv: string[]): Promise<void> {
     const instances = plan.map((p, i) => ({ id: p.id, role: p.role, url: (sims[i] as SpawnedService).url }))
     const router = await spawnService({
       args: ['router', '--host', host, '--port', port],
-      env: { ...process.env, HANDOFF_INSTANCES: JSON.stringify(instances) },
+      env: { ...process.env, HANDOFF_INSTANCES: JSON.stringify(instances), ...(values['admin-token'] ? { HANDOFF_ADMIN_TOKEN: values['admin-token'] } : {}) },
       inheritOutput: verbose,
     })
     children.push(router)

@@ -18,7 +18,10 @@ export const AgentConfig = Type.Object(
     // A READ still in progress after this long is aborted (NIXL has no timeout of its own).
     readTimeoutMs: Type.Integer({ minimum: 1, default: 30000 }),
     handshakeTimeoutMs: Type.Integer({ minimum: 1, default: 5000 }),
-    // Needed on the engine API and by the router, when set.
+    // The router(s) whose event log this agent follows (peer_gone, lease_release), comma
+    // separated: tried in order, the next one when one cannot be reached. Unset: no router link.
+    routerUrl: Type.Optional(Type.String({ minLength: 8, maxLength: 4096, pattern: '^https?://[^,\\s]+(,https?://[^,\\s]+)*$' })),
+    // Needed on the engine API and by the router (its agent endpoints), when set.
     agentToken: Type.Optional(Type.String({ minLength: 1 })),
     nixlLibDir: Type.Optional(Type.String({ minLength: 1 })),
     // TEST ONLY: skip both lease checks, to prove a scenario test can see stale reads.

@@ -56,6 +56,9 @@ export class AgentLink implements KvTransport {
   readonly #pulling = new Map<string, { quiesced: boolean }>()
   readonly #firstAttach = deferred<void>()
   #agentId: string | undefined
+  // The attach body now, and the one the agent last accepted (another once the URL is known).
+  #body: AgentAttach
+  #attachedBody: AgentAttach | undefined
   #peer: { host: string; port: number } | undefined
   #synced = false
   #outage = false
@@ -68,6 +71,7 @@ export class AgentLink implements KvTransport {
   constructor(opts: AgentLinkOptions) {
     this.#o = opts
     this.#client = opts.client
+    this.#body = opts.attach
     // Nobody may be waiting (the events loop retries by itself).
     this.#firstAttach.promise.catch(() => undefined)
   }
@@ -92,6 +96,26 @@ export class AgentLink implements KvTransport {
     let n = 0
     for (const t of this.#tainted.values()) n += t.blocks.length
     return n
+  }
+
+  /**
+   * The engine's URL, known once it listens (port 0): attaches again with it, so the agent
+   * can tell the router which instance it serves. Not ready (/health 503) until the agent
+   * has it; resolves once it has (or the link closed).
+   */
+  async setEngineUrl(url: string): Promise<void> {
+    if (this.#body.engineUrl !== url) {
+      this.#body = { ...this.#body, engineUrl: url }
+      this.#synced = false
+    }
+    while (!this.#stop.signal.aborted && this.#attachedBody !== this.#body) {
+      try {
+        await this.#resync()
+      } catch {
+        // The events loop logs the outage; try again shortly.
+        await sleep(this.#o.clock, 100, this.#stop.signal).catch(() => undefined)
+      }
+    }
   }
 
   /** Starts the events loop, which attaches first (and again whenever the agent restarts). */
@@ -267,7 +291,8 @@ export class AgentLink implements KvTransport {
     const before = this.#agentId
     // Pulls that failed before now: if the agent restarted, their READs died with it.
     const staleTainted = [...this.#tainted.keys()]
-    const attached = await this.#client.attach(this.#o.attach, this.#stop.signal)
+    const body = this.#body
+    const attached = await this.#client.attach(body, this.#stop.signal)
     const restarted = before !== undefined && attached.agentId !== before
     this.#agentId = attached.agentId
     this.#peer = { host: attached.peerHost, port: attached.peerPort }
@@ -296,7 +321,9 @@ export class AgentLink implements KvTransport {
       }
     }
     if (retry) throw new SIM_ERR_AGENT_NOT_READY('leasing the held blocks again failed')
-    this.#synced = true
+    this.#attachedBody = body
+    // A body changed during the call (setEngineUrl) needs one more attach.
+    this.#synced = body === this.#body
     log.info({ agentId: attached.agentId, peerHost: attached.peerHost, peerPort: attached.peerPort, restarted, leases: this.#held.size }, 'attached to the transfer agent')
     this.#firstAttach.resolve()
   }

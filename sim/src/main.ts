@@ -1,8 +1,10 @@
+import type { AddressInfo } from 'node:net'
 import closeWithGrace from 'close-with-grace'
 import { announceReady } from '../../common/ready.js'
 import { seededRandom, systemRandom, type Random } from '../../common/random.js'
 import { mapSharedMemory, type SharedMemory } from '../../native/shm.js'
 import type { SimConfig } from '../../schemas/sim-config.js'
+import { AgentLink } from './agent-link.js'
 import { buildApp } from './app.js'
 import { parseSimArgs, usage, validateSimConfig } from './config.js'
 import { oracleMain } from './oracle-cli.js'
@@ -18,6 +20,12 @@ function agentMemory(config: Readonly<SimConfig>, random: Random): { config: Rea
   const name = config.shmName ?? `/handoff-kv-${engineId}-${process.pid}`
   const shm = mapSharedMemory(name, config.numBlocks * config.blockSize * config.bytesPerToken, { create: true })
   return { config: withId, shm }
+}
+
+/** This engine's URL as the router knows it: the listen address, unless that is a wildcard. */
+function engineUrl(host: string, port: number, listening: string): string {
+  if (host === '0.0.0.0' || host === '::' || host === '') return listening
+  return `http://${host.includes(':') ? `[${host}]` : host}:${port}`
 }
 
 /** `handoff sim [options]` and `handoff sim oracle ...`. */
@@ -56,6 +64,10 @@ export async function main(argv: string[]): Promise<void> {
   // The name goes; the mapping stays valid until exit (the agent keeps its own).
   if (shm) app.addHook('onClose', async () => void shm.unlink())
   const url = await app.listen({ host: config.host, port: config.port })
+  // The agent tells the router which instance it serves by this URL (DESIGN "Transfer agent"):
+  // attach again with it now that the port is known (health stays 503 until the agent has it).
+  const kv = app.simKv
+  const urlGiven = kv instanceof AgentLink ? kv.setEngineUrl(engineUrl(config.host, (app.server.address() as AddressInfo).port, url)) : undefined
   // Bounded: stalled requests are cut by the shutdown signal in onClose, streams finish.
   closeWithGrace({ delay: 10_000 }, async ({ signal, err }) => {
     if (err) app.log.error({ err }, 'closing after an error')
@@ -65,6 +77,7 @@ export async function main(argv: string[]): Promise<void> {
   // Ready means ready to serve: in `--kv agent` mode once attached to the agent.
   try {
     await app.simKv?.whenReady?.()
+    await urlGiven
   } catch {
     return
   }

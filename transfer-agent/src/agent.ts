@@ -15,6 +15,7 @@ import type { AgentMetrics } from './metrics.js'
 import { PeerTable } from './peers.js'
 import { parsePrefillNotification, PrefillLeases } from './prefill-leases.js'
 import { Puller, type PullReport } from './pulls.js'
+import { RouterLink } from './router-link.js'
 
 /**
  * One transfer agent: the engine it serves (attachment), its prefiller leases, its
@@ -41,6 +42,7 @@ export class TransferAgent {
   readonly #puller: Puller
   readonly #sender: HeartbeatSender
   readonly #handshake: ReturnType<typeof createHandshake>
+  readonly #routerLink: RouterLink | undefined
   #attachment: Attachment | undefined
   #attaching: Promise<Attachment> | undefined
   #leases: PrefillLeases | undefined
@@ -106,6 +108,18 @@ export class TransferAgent {
       onSent: (_engine, _ids, ok) => metrics.heartbeats.inc({ outcome: ok ? 'ok' : 'failed' }),
     })
     this.#sender.start()
+    this.#routerLink = config.routerUrl
+      ? new RouterLink({
+          urls: config.routerUrl.split(','),
+          agentId: this.agentId,
+          ...(config.agentToken ? { token: config.agentToken } : {}),
+          clock,
+          random: deps.random,
+          log: log.child({ component: 'router-link' }),
+          target: { peerGone: (req) => this.peerGone(req), release: (id) => this.release(id) },
+          metrics: { events: metrics.routerEvents, connected: metrics.routerConnected },
+        })
+      : undefined
     if (config.unsafeSkipDeadlineChecks) log.warn('UNSAFE: lease deadline checks are OFF (test switch); stale KV will be decoded')
   }
 
@@ -131,6 +145,13 @@ export class TransferAgent {
       }
     }
     const { host, port } = this.#d.peerAddress()
+    // Registers with the router (again when the engine_id or its URL changed).
+    this.#routerLink?.attached({
+      engineId: req.engineId,
+      role: req.role,
+      agentUrl: `http://${host.includes(':') ? `[${host}]` : host}:${port}`,
+      ...(req.engineUrl && /^https?:\/\//.test(req.engineUrl) ? { engineUrl: req.engineUrl } : {}),
+    })
     return { agentId: this.agentId, engineId: req.engineId, peerHost: host, peerPort: port, leaseSeconds: this.#d.config.leaseSeconds }
   }
 
@@ -224,6 +245,7 @@ export class TransferAgent {
       taintedBlocks: this.#puller.taintedBlocks,
       peers: this.#peers.peers(),
       nixl: att ? att.nixl.stats() : null,
+      router: this.#routerLink?.status() ?? null,
     }
   }
 
@@ -232,6 +254,7 @@ export class TransferAgent {
     this.#closed = true
     this.#sender.stop()
     this.#leases?.stop()
+    await this.#routerLink?.close()
     await this.#attaching?.catch(() => undefined)
     // The NIXL agent cancels READs and waits for them before it deregisters and unmaps.
     await this.#attachment?.close()

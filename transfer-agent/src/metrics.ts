@@ -60,6 +60,13 @@ export function createAgentMetrics() {
       labelNames: ['reason'] as const,
       registers,
     }),
+    routerEvents: new Counter({
+      name: 'handoff_agent_router_events_total',
+      help: "Events applied from the router's log, by type (peer_gone, lease_release, snapshot)",
+      labelNames: ['type'] as const,
+      registers,
+    }),
+    routerConnected: new Gauge({ name: 'handoff_agent_router_connected', help: "1 while the router's event stream is open", registers }),
     engineEventsPending: new Gauge({ name: 'handoff_agent_engine_events_pending', help: 'Events the engine has not acknowledged', registers }),
   }
 }

@@ -1,3 +1,4 @@
+import { randomUUID } from 'node:crypto'
 import type { Clock } from '../../../common/clock.js'
 import type { LeaseReleaseEvent, PeerGoneEvent, RouterEvent, SnapshotEvent } from '../../../schemas/events.js'
 
@@ -26,6 +27,12 @@ export interface Delivery {
 
 export interface EventLogOptions {
   clock: Clock
+  /**
+   * Names this log's sequence: an agent that sees another id (a router restarted with an
+   * in-memory log) starts over from 0 instead of resuming after a number that names other
+   * events here. Default: a random UUID per log.
+   */
+  id?: string
   /** Events kept for resuming agents (default 10,000). */
   retention?: number
   /** How long a gone engine_id stays in snapshots, ms (default 10 min, the agents' tombstone). */
@@ -38,6 +45,7 @@ interface Entry {
 }
 
 export class EventLog {
+  readonly id: string
   readonly #clock: Clock
   readonly #retention: number
   readonly #goneTtlMs: number
@@ -50,6 +58,7 @@ export class EventLog {
   readonly #listeners = new Set<(event: LoggedEvent) => void>()
 
   constructor(opts: EventLogOptions) {
+    this.id = opts.id ?? randomUUID()
     this.#clock = opts.clock
     this.#retention = opts.retention ?? 10_000
     this.#goneTtlMs = opts.goneTtlMs ?? 10 * 60_000

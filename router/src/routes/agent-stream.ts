@@ -1,3 +1,4 @@
+import type { ServerResponse } from 'node:http'
 import type { FastifyPluginAsync } from 'fastify'
 import type { AgentAck, AgentRegistration } from '../../../schemas/events.js'
 import { RTR_ERR_AGENT_UNAUTHORIZED, RTR_ERR_AGENT_UNKNOWN } from '../errors.js'
@@ -21,8 +22,27 @@ export interface AgentStreamOptions {
 
 const digits = { type: 'string', pattern: '^[0-9]{1,15}$' } as const
 
+const registered = {
+  type: 'object',
+  properties: {
+    agentId: { type: 'string' },
+    instanceId: { type: ['string', 'null'] },
+    // The log's last sequence and its id: an agent whose last applied sequence came from another
+    // log (a new id after a router restart) starts over from 0.
+    lastSeq: { type: 'integer' },
+    routerId: { type: 'string' },
+  },
+  required: ['agentId', 'instanceId', 'lastSeq', 'routerId'],
+} as const
+
 export const agentStreamRoutes: FastifyPluginAsync<AgentStreamOptions> = async (app, opts) => {
   const { events } = opts
+  // Open streams never end by themselves: closing the router ends them, or its server would
+  // wait on their connections (fastify only closes idle ones). The agents reconnect.
+  const open = new Set<ServerResponse>()
+  app.addHook('preClose', async () => {
+    for (const res of open) res.end()
+  })
   const check = bearerChecker(opts.agentToken ? [opts.agentToken] : [])
   if (check) {
     app.addHook('onRequest', async (req) => {
@@ -30,9 +50,9 @@ export const agentStreamRoutes: FastifyPluginAsync<AgentStreamOptions> = async (
     })
   }
 
-  app.post<{ Body: AgentRegistration }>('/v1/agents', { schema: { body: { $ref: 'AgentRegistration#' } } }, async (req) => {
+  app.post<{ Body: AgentRegistration }>('/v1/agents', { schema: { body: { $ref: 'AgentRegistration#' }, response: { 200: registered } } }, async (req) => {
     const record = events.registerAgent(req.body)
-    return { agentId: record.agentId, instanceId: record.instanceId ?? null, lastSeq: events.log.last }
+    return { agentId: record.agentId, instanceId: record.instanceId ?? null, lastSeq: events.log.last, routerId: events.log.id }
   })
 
   app.post<{ Params: { agentId: string }; Body: AgentAck }>('/v1/agents/:agentId/acks', { schema: { body: { $ref: 'AgentAck#' } } }, async (req, reply) => {
@@ -52,6 +72,9 @@ export const agentStreamRoutes: FastifyPluginAsync<AgentStreamOptions> = async (
       reply.hijack()
       const res = reply.raw
       res.writeHead(200, { 'content-type': 'text/event-stream', 'cache-control': 'no-store', connection: 'keep-alive', 'x-accel-buffering': 'no' })
+      // Headers now, not with the first event: an agent with nothing to catch up on would
+      // otherwise wait for the first keep-alive to learn its stream is open.
+      res.flushHeaders()
       let sent = after
       const send = (event: { seq: number }): void => {
         if (event.seq <= sent && (event as { type?: string }).type !== 'snapshot') return
@@ -66,10 +89,12 @@ export const agentStreamRoutes: FastifyPluginAsync<AgentStreamOptions> = async (
       replaying = false
       for (const e of queued) send(e)
       events.agents.streamOpened(agentId)
+      open.add(res)
       const keepAlive = setInterval(() => res.write(': keep-alive\n\n'), opts.keepAliveMs)
       keepAlive.unref()
       res.once('close', () => {
         clearInterval(keepAlive)
+        open.delete(res)
         unsubscribe()
         events.agents.streamClosed(agentId)
       })

@@ -10,9 +10,21 @@ import type { RouterEvents } from '../events/router-events.js'
  * engine_ids and addresses are listed as such and change nothing. Addresses are resolved to
  * engine_ids from the topology; the router never dials them.
  */
+const strings = { type: 'array', items: { type: 'string' } } as const
+const accepted = {
+  type: 'object',
+  properties: { seq: { type: ['integer', 'null'] }, engine_ids: strings, unknown: strings, logged: { type: 'boolean' } },
+  required: ['seq', 'engine_ids', 'unknown', 'logged'],
+} as const
+const delivery = {
+  type: 'object',
+  properties: { seq: { type: 'integer' }, type: { type: 'string' }, applied: strings, expected: strings, complete: { type: 'boolean' } },
+  required: ['seq', 'type', 'applied', 'expected', 'complete'],
+} as const
+
 export const faultToleranceRoutes: FastifyPluginAsync<{ events: RouterEvents }> = async (app, opts) => {
   const { events } = opts
-  app.post<{ Body: FaultToleranceEvent }>('/fault_tolerance/event', { schema: { body: { $ref: 'FaultToleranceEvent#' } } }, async (req, reply) => {
+  app.post<{ Body: FaultToleranceEvent }>('/fault_tolerance/event', { schema: { body: { $ref: 'FaultToleranceEvent#' }, response: { 202: accepted } } }, async (req, reply) => {
     const { nodes, reason } = req.body
     const result = events.peerGone(
       { ...(nodes.engine_ids ? { engineIds: nodes.engine_ids } : {}), ...(nodes.addresses ? { addresses: nodes.addresses } : {}) },
@@ -23,7 +35,7 @@ export const faultToleranceRoutes: FastifyPluginAsync<{ events: RouterEvents }> 
 
   app.get<{ Params: { seq: string } }>(
     '/fault_tolerance/events/:seq',
-    { schema: { params: { type: 'object', properties: { seq: { type: 'string', pattern: '^[0-9]{1,15}$' } }, required: ['seq'] } } },
+    { schema: { params: { type: 'object', properties: { seq: { type: 'string', pattern: '^[0-9]{1,15}$' } }, required: ['seq'] }, response: { 200: delivery } } },
     async (req) => {
       const delivery = events.log.delivery(Number(req.params.seq))
       if (!delivery) throw new RTR_ERR_EVENT_NOT_FOUND(req.params.seq, `${events.log.first}..${events.log.last}`)

@@ -1,0 +1,199 @@
+import t from 'tap'
+import { ManualClock } from '../../common/clock.js'
+import { AgentDirectory } from '../../router/src/events/agent-directory.js'
+import { EventLog } from '../../router/src/events/event-log.js'
+import { RouterEvents } from '../../router/src/events/router-events.js'
+import { TopologyRegistry } from '../../router/src/topology/registry.js'
+
+/*
+ * Issue 9, the event log (DESIGN "Events: router → agents"): sequence order, bounded
+ * retention with a snapshot for an agent behind it, the gone set's TTL, acks and delivery;
+ * and where the router decides to emit: engine_id changes, agent re-registrations, ops
+ * peer_gone (idempotent, unknown targets a no-op, addresses resolved to engine_ids).
+ */
+
+const peerGone = (ids: string[]) => ({ type: 'peer_gone' as const, engineIds: ids, addresses: [], reason: 'test' })
+
+t.test('EventLog: sequence numbers in order, listeners see each event once', async (t) => {
+  const clock = new ManualClock()
+  const log = new EventLog({ clock })
+  const seen: number[] = []
+  const off = log.subscribe((e) => seen.push(e.seq))
+  t.equal(log.last, 0)
+  t.equal(log.first, 1, 'an empty log: first is last + 1')
+  const a = log.append(peerGone(['e1']), ['x'])
+  clock.advance(5)
+  const b = log.append({ type: 'lease_release', prefillEngineId: 'p', requestIds: ['r1'], reason: 'client_gone' }, ['x'])
+  t.same([a.seq, b.seq], [1, 2])
+  t.equal(b.at - a.at, 5, 'at is the injected wall clock')
+  t.same(seen, [1, 2])
+  off()
+  log.append(peerGone(['e2']), [])
+  t.same(seen, [1, 2], 'unsubscribed')
+  t.same(
+    log.since(1).map((e) => e.seq),
+    [2, 3],
+  )
+  t.same(log.since(3), [], 'nothing after the last')
+  t.same(log.since(10), [], 'after a sequence this log never had: nothing (agents detect it at registration)')
+  t.match(log.id, /^[0-9a-f-]{36}$/, 'a random id per log')
+  t.not(new EventLog({ clock }).id, log.id)
+  t.equal(new EventLog({ clock, id: 'fixed' }).id, 'fixed')
+  t.throws(() => new EventLog({ clock, retention: 0 }), RangeError)
+})
+
+t.test('EventLog: retention drops the oldest; an agent behind it gets a snapshot first', async (t) => {
+  const clock = new ManualClock()
+  const log = new EventLog({ clock, retention: 3 })
+  for (let i = 1; i <= 5; i++) log.append(peerGone([`e${i}`]), ['a'])
+  t.equal(log.size, 3)
+  t.equal(log.first, 3)
+  t.equal(log.last, 5)
+  const behind = log.since(1)
+  t.equal(behind[0]?.type, 'snapshot', 'behind retention: a snapshot first')
+  t.match(behind[0], { seq: 2, goneEngineIds: ['e1', 'e2', 'e3', 'e4', 'e5'] })
+  t.same(
+    behind.slice(1).map((e) => e.seq),
+    [3, 4, 5],
+    'then everything held',
+  )
+  t.same(
+    log.since(2).map((e) => e.seq),
+    [3, 4, 5],
+    'just at the edge: no snapshot needed',
+  )
+  t.equal(log.delivery(1), undefined, 'delivery of a dropped event is unknown')
+})
+
+t.test('EventLog: a gone engine_id stays in snapshots for goneTtlMs', async (t) => {
+  const clock = new ManualClock()
+  const log = new EventLog({ clock, retention: 1, goneTtlMs: 1000 })
+  log.append(peerGone(['old']), [])
+  clock.advance(600)
+  log.append(peerGone(['newer']), [])
+  t.ok(log.isGone('old'))
+  clock.advance(400)
+  t.notOk(log.isGone('old'), 'expired at its TTL')
+  t.ok(log.isGone('newer'))
+  t.same(log.snapshot().goneEngineIds, ['newer'])
+  // Declared gone again: its age restarts.
+  log.append(peerGone(['old']), [])
+  clock.advance(700)
+  t.same(log.snapshot().goneEngineIds, ['old'], "'newer' expired, 'old' was renewed")
+})
+
+t.test('EventLog: acks and delivery', async (t) => {
+  const clock = new ManualClock()
+  const log = new EventLog({ clock })
+  const e1 = log.append(peerGone(['e1']), ['a', 'b'])
+  const e2 = log.append(peerGone(['e2']), ['a', 'b', 'c'])
+  t.same(log.delivery(e1.seq), { seq: 1, type: 'peer_gone', applied: [], expected: ['a', 'b'] })
+  log.ack('a', 2)
+  t.same(log.delivery(e1.seq)?.applied, ['a'], 'an ack covers every earlier sequence')
+  log.ack('a', 1)
+  t.equal(log.acked('a'), 2, 'an older ack never moves back')
+  log.ack('b', 99)
+  t.equal(log.acked('b'), 0, 'an ack past the last sequence is ignored')
+  log.ack('b', 1)
+  log.ack('c', 2)
+  t.same(log.delivery(e1.seq)?.applied, ['a', 'b'])
+  t.same(log.delivery(e2.seq)?.applied, ['a', 'c'])
+  t.equal(log.delivery(3), undefined)
+  t.equal(log.acked('nobody'), 0)
+})
+
+const policy = { unhealthyThreshold: 2, baseEjectionMs: 1000, maxEjectionMs: 3000 }
+
+function setup() {
+  const clock = new ManualClock()
+  const registry = new TopologyRegistry({
+    clock,
+    policy,
+    instances: [
+      { id: 'p', role: 'prefill', url: 'http://127.0.0.1:1001' },
+      { id: 'd', role: 'decode', url: 'http://127.0.0.1:1002/' },
+    ],
+  })
+  const logged: { level: string; msg: string }[] = []
+  const events = new RouterEvents({
+    log: new EventLog({ clock }),
+    agents: new AgentDirectory({ clock }),
+    registry,
+    logger: { info: (_o, msg) => logged.push({ level: 'info', msg }), warn: (_o, msg) => logged.push({ level: 'warn', msg }) },
+  })
+  return { clock, registry, events, logged }
+}
+
+t.test('RouterEvents: an engine_id change at an instance becomes peer_gone for the old id', async (t) => {
+  const { registry, events } = setup()
+  registry.observeEngineId('p', 'p-1')
+  t.equal(events.log.last, 0, 'the first engine_id replaces nothing')
+  registry.observeEngineId('p', 'p-2')
+  const [e] = events.log.since(0)
+  t.match(e, { seq: 1, type: 'peer_gone', engineIds: ['p-1'], reason: /engine_id_changed at 127\.0\.0\.1:1001/ })
+  registry.observeEngineId('p', 'p-2')
+  t.equal(events.log.last, 1, 'the same engine_id again: nothing')
+})
+
+t.test('RouterEvents: agent registration, re-registration under a new engine_id, a new agent at the same address', async (t) => {
+  const { registry, events } = setup()
+  const rec = events.registerAgent({ agentId: 'a-p', engineId: 'p-1', role: 'prefill', agentUrl: 'http://127.0.0.1:2001', engineUrl: 'http://127.0.0.1:1001/' })
+  t.equal(rec.instanceId, 'p', 'tied to its instance by the engine URL (trailing slash ignored)')
+  t.equal(rec.peerAddress, '127.0.0.1:2001')
+  t.equal(registry.snapshot().instances.find((i) => i.id === 'p')?.engineId, 'p-1', 'the instance learned its engine_id')
+  events.registerAgent({ agentId: 'a-d', engineId: 'd-1', role: 'decode', agentUrl: 'http://127.0.0.1:2002', engineUrl: 'http://127.0.0.1:1002' })
+  t.equal(events.log.last, 0, 'first registrations replace nothing')
+  events.registerAgent({ agentId: 'a-p', engineId: 'p-1', role: 'prefill', agentUrl: 'http://127.0.0.1:2001', engineUrl: 'http://127.0.0.1:1001' })
+  t.equal(events.log.last, 0, 'the same registration again: nothing')
+
+  // The engine restarted behind the same agent: another engine_id.
+  events.registerAgent({ agentId: 'a-p', engineId: 'p-2', role: 'prefill', agentUrl: 'http://127.0.0.1:2001', engineUrl: 'http://127.0.0.1:1001' })
+  t.equal(events.log.last, 1, 'one event, not a second one from the instance engine_id change')
+  t.match(events.log.since(0)[0], { type: 'peer_gone', engineIds: ['p-1'], addresses: [] })
+  t.same(events.log.delivery(1)?.expected.sort(), ['a-d', 'a-p'], 'every agent is expected to apply it')
+
+  // The whole pod restarted: a new agent process (new agentId) at the same address.
+  events.registerAgent({ agentId: 'a-p2', engineId: 'p-3', role: 'prefill', agentUrl: 'http://127.0.0.1:2001', engineUrl: 'http://127.0.0.1:1001' })
+  t.equal(events.log.last, 2)
+  t.match(events.log.since(1)[0], { type: 'peer_gone', engineIds: ['p-2'], reason: /agent a-p2 at 127\.0\.0\.1:2001/ })
+  t.equal(events.agents.get('a-p'), undefined, 'the old agent record is gone')
+  t.same(events.log.delivery(2)?.expected.sort(), ['a-d', 'a-p2'])
+})
+
+t.test('RouterEvents: ops peer_gone is idempotent; unknown targets are no-ops; addresses resolve', async (t) => {
+  const { registry, events } = setup()
+  events.registerAgent({ agentId: 'a-p', engineId: 'p-1', role: 'prefill', agentUrl: 'http://127.0.0.1:2001', engineUrl: 'http://127.0.0.1:1001' })
+  events.registerAgent({ agentId: 'a-d', engineId: 'd-1', role: 'decode', agentUrl: 'http://127.0.0.1:2002' })
+
+  const first = events.peerGone({ engineIds: ['p-1'] }, 'ops')
+  t.same(first, { seq: 1, engineIds: ['p-1'], unknown: [], logged: true })
+  t.match(events.log.since(0)[0], { engineIds: ['p-1'], addresses: ['127.0.0.1:2001'] }, "the agent's peer address goes with it")
+  const repeat = events.peerGone({ engineIds: ['p-1'] }, 'ops again')
+  t.same(repeat, { seq: 1, engineIds: ['p-1'], unknown: [], logged: false }, 'a repeat answers the earlier sequence and logs nothing')
+  t.equal(events.log.last, 1)
+
+  const unknown = events.peerGone({ engineIds: ['nobody'], addresses: ['10.9.9.9:1'] }, 'ops')
+  t.same(unknown, { seq: null, engineIds: [], unknown: ['nobody', '10.9.9.9:1'], logged: false })
+  t.equal(events.log.last, 1, 'unknown targets log nothing')
+
+  // By the agent's peer address, and by an instance's host:port (engine_id from its answers).
+  const byAgent = events.peerGone({ addresses: ['127.0.0.1:2002'] }, 'ops')
+  t.match(byAgent, { seq: 2, engineIds: ['d-1'], unknown: [], logged: true })
+  registry.observeEngineId('d', 'd-1')
+  t.match(events.peerGone({ addresses: ['127.0.0.1:1002'] }, 'ops'), { seq: 2, engineIds: ['d-1'], logged: false }, 'the same engine by its instance address: a repeat')
+  t.match(events.peerGone({ engineIds: ['p-1', 'nobody'] }, 'ops'), { seq: 1, engineIds: ['p-1'], unknown: ['nobody'], logged: false })
+
+  // Known from an instance's prefill answers only (no agent: engine mode).
+  registry.observeEngineId('p', 'p-x')
+  t.match(events.peerGone({ engineIds: ['p-x'] }, 'ops'), { seq: 3, logged: true })
+})
+
+t.test('RouterEvents: lease_release goes to the prefiller engine_id owner only', async (t) => {
+  const { events } = setup()
+  t.equal(events.releaseLease({ prefillEngineId: 'p-1', requestIds: ['r'], reason: 'client_gone' }), null, 'no agent runs it: nothing logged')
+  events.registerAgent({ agentId: 'a-p', engineId: 'p-1', role: 'prefill', agentUrl: 'http://127.0.0.1:2001' })
+  events.registerAgent({ agentId: 'a-d', engineId: 'd-1', role: 'decode', agentUrl: 'http://127.0.0.1:2002' })
+  const seq = events.releaseLease({ prefillEngineId: 'p-1', requestIds: ['r'], reason: 'client_gone' })
+  t.equal(seq, 1)
+  t.same(events.log.delivery(1)?.expected, ['a-p'])
+})

@@ -1,7 +1,7 @@
 import t from 'tap'
 import { seededRandom } from '../../common/random.js'
 import type { InstanceView, TopologySnapshot } from '../../router/src/topology/registry.js'
-import { paired, pickLeastLoaded, selectRoute } from '../../router/src/topology/selection.js'
+import { paired, pickLeastLoaded, selectDecoder, selectRoute } from '../../router/src/topology/selection.js'
 
 function inst(id: string, role: InstanceView['role'], extra: Partial<InstanceView> = {}): InstanceView {
   return { id, role, url: `http://127.0.0.1/${id}`, labels: {}, engineId: undefined, healthy: true, draining: false, inflight: 0, models: new Set(['m']), ...extra }
@@ -92,4 +92,16 @@ t.test('excluded instances are skipped (a retry after a refused connection)', as
   }
   const only = selectRoute(snap([inst('p1', 'prefill'), inst('d', 'decode')]), 'm', all, seededRandom(1), { cap: 10, exclude: new Set(['p1']) })
   t.equal(only?.mode, 'single', 'with its only prefiller excluded the healthy decoder serves alone')
+})
+
+t.test('a resting pair (pair breaker) is one more filter: route around it, or serve locally', async (t) => {
+  const s = snap([inst('p0', 'prefill'), inst('p1', 'prefill'), inst('d0', 'decode')])
+  const blockP0 = (p: string, d: string): boolean => p === 'p0' && d === 'd0'
+  for (let i = 0; i < 20; i++) {
+    const r = selectRoute(s, 'm', all, seededRandom(i), { cap: 10, blocked: blockP0 })
+    t.match(r, { mode: 'pd', prefill: { id: 'p1' }, decode: { id: 'd0' } })
+  }
+  const r = selectRoute(s, 'm', all, seededRandom(1), { cap: 10, blocked: () => true })
+  t.match(r, { mode: 'single', target: { id: 'd0' } }, 'every pair resting: D prefills itself')
+  t.equal(selectDecoder(s, s.instances[0] as InstanceView, 'm', all, seededRandom(1), { cap: 10, blocked: blockP0 }), undefined)
 })

@@ -37,6 +37,8 @@ export function pickLeastLoaded(candidates: readonly InstanceView[], random: Ran
 export interface PickLimits {
   cap: number
   exclude?: ReadonlySet<string>
+  /** Pairs resting after KV-load failures (pair-breakers.ts): one more pairing filter. */
+  blocked?: (prefill: string, decode: string) => boolean
 }
 
 /** A route, or `full`: a healthy route exists but every candidate is at its cap (queue). */
@@ -59,14 +61,15 @@ export function selectRoute(
 ): Selection | undefined {
   const usable = (i: InstanceView): boolean => serves(i, model) && !limits.exclude?.has(i.id)
   const room = (i: InstanceView): boolean => i.inflight < limits.cap
+  const pairs = (p: InstanceView, d: InstanceView): boolean => paired(p, d, pairing) && !limits.blocked?.(p.id, d.id)
   const decoders = snapshot.instances.filter((i) => i.role !== 'prefill' && usable(i))
-  const prefillers = snapshot.instances.filter((p) => p.role === 'prefill' && usable(p) && decoders.some((d) => paired(p, d, pairing)))
+  const prefillers = snapshot.instances.filter((p) => p.role === 'prefill' && usable(p) && decoders.some((d) => pairs(p, d)))
   if (prefillers.length > 0) {
-    const open = prefillers.filter((p) => room(p) && decoders.some((d) => room(d) && paired(p, d, pairing)))
+    const open = prefillers.filter((p) => room(p) && decoders.some((d) => room(d) && pairs(p, d)))
     const prefill = pickLeastLoaded(open, random)
     if (!prefill) return { mode: 'full', of: 'pd' }
     const decode = pickLeastLoaded(
-      decoders.filter((d) => room(d) && paired(prefill, d, pairing)),
+      decoders.filter((d) => room(d) && pairs(prefill, d)),
       random,
     ) as InstanceView
     return { mode: 'pd', prefill, decode }
@@ -86,7 +89,13 @@ export function selectDecoder(
   limits: PickLimits,
 ): InstanceView | undefined {
   const candidates = snapshot.instances.filter(
-    (d) => d.role !== 'prefill' && serves(d, model) && !limits.exclude?.has(d.id) && d.inflight < limits.cap && paired(prefill, d, pairing),
+    (d) =>
+      d.role !== 'prefill' &&
+      serves(d, model) &&
+      !limits.exclude?.has(d.id) &&
+      d.inflight < limits.cap &&
+      paired(prefill, d, pairing) &&
+      !limits.blocked?.(prefill.id, d.id),
   )
   return pickLeastLoaded(candidates, random)
 }

@@ -197,3 +197,32 @@ t.test('RouterEvents: lease_release goes to the prefiller engine_id owner only',
   t.equal(seq, 1)
   t.same(events.log.delivery(1)?.expected, ['a-p'])
 })
+
+t.test('RouterEvents: a crash (probes fail and no agent stream open) is peer_gone; a partition is not', async (t) => {
+  const { registry, events } = setup()
+  events.registerAgent({ agentId: 'a-p', engineId: 'p-1', role: 'prefill', agentUrl: 'http://127.0.0.1:2001', engineUrl: 'http://127.0.0.1:1001' })
+  events.agents.streamOpened('a-p')
+  registry.recordProbe('p', true)
+  registry.recordProbe('p', false)
+  registry.recordProbe('p', false)
+  t.notOk(registry.isUp('p'))
+  t.equal(events.log.last, 0, 'probes fail but the agent still holds its stream: a partition, not a crash')
+  events.streamClosed('a-p')
+  t.match(events.log.since(0), [{ type: 'peer_gone', engineIds: ['p-1'], reason: /instance p down and no agent stream open/ }], 'the stream closing too makes it a crash')
+  t.equal(events.agents.get('a-p'), undefined, 'the dead agent leaves the directory (delivery stops waiting for it)')
+
+  // Engine mode (no agent): probes alone decide.
+  registry.observeEngineId('d', 'd-1')
+  registry.recordProbe('d', true)
+  registry.recordProbe('d', false)
+  registry.recordProbe('d', false)
+  t.match(events.log.since(1), [{ type: 'peer_gone', engineIds: ['d-1'] }])
+
+  // A stream that closes while its instance is up (the router restarting, a network blip): nothing.
+  events.registerAgent({ agentId: 'a-p2', engineId: 'p-2', role: 'prefill', agentUrl: 'http://127.0.0.1:2002', engineUrl: 'http://127.0.0.1:1001' })
+  registry.recordProbe('p', true)
+  events.agents.streamOpened('a-p2')
+  const last = events.log.last
+  events.streamClosed('a-p2')
+  t.equal(events.log.last, last)
+})

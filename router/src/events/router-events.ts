@@ -53,10 +53,34 @@ export class RouterEvents {
     this.#logger = opts.logger
     this.#metrics = opts.metrics
     opts.registry.subscribe((change) => {
+      if (change.type === 'down') this.#crashed(change.instanceId)
       if (change.type !== 'engine_id_changed') return
       this.#known.add(change.previous).add(change.current)
       this.peerGone({ engineIds: [change.previous] }, `engine_id_changed at ${change.address}`)
     })
+  }
+
+  /** An agent's event stream closed; with its instance down too, the instance crashed. */
+  streamClosed(agentId: string): void {
+    this.agents.streamClosed(agentId)
+    const instance = this.agents.get(agentId)?.instanceId
+    if (instance !== undefined && !this.#registry.isUp(instance)) this.#crashed(instance)
+  }
+
+  /**
+   * A crash: the instance failed its probes AND none of its agents holds an event stream (a
+   * live agent means a partition between router and engine, not a dead engine). Its
+   * engine_ids are gone, and its agents leave the directory, so delivery no longer waits for
+   * them. An instance without any agent (engine mode) is judged by its probes alone.
+   */
+  #crashed(instanceId: string): void {
+    const agents = this.agents.byInstance(instanceId)
+    if (agents.some((a) => a.streams > 0)) return
+    const ids = new Set(agents.map((a) => a.engineId))
+    const current = this.#registry.snapshot().instances.find((i) => i.id === instanceId)?.engineId
+    if (current) ids.add(current)
+    for (const a of agents) this.agents.remove(a.agentId)
+    if (ids.size > 0) this.peerGone({ engineIds: [...ids] }, `instance ${instanceId} down and no agent stream open`)
   }
 
   /** An agent's registration: records it, ties it to its instance, and reports what it replaced. */

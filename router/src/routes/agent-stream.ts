@@ -96,7 +96,7 @@ export const agentStreamRoutes: FastifyPluginAsync<AgentStreamOptions> = async (
         clearInterval(keepAlive)
         open.delete(res)
         unsubscribe()
-        events.agents.streamClosed(agentId)
+        events.streamClosed(agentId)
       })
     },
   )

@@ -38,6 +38,19 @@ export function createRouterMetrics() {
       labelNames: ['type'] as const,
       registers,
     }),
+    eventDelivery: new Histogram({
+      name: 'handoff_router_event_delivery_seconds',
+      help: 'From logging an event to the last expected agent acknowledging it, by type',
+      labelNames: ['type'] as const,
+      buckets: [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30],
+      registers,
+    }),
+    agents: new Gauge({
+      name: 'handoff_router_agents',
+      help: 'Registered transfer agents, by whether an event stream is open (connected, disconnected)',
+      labelNames: ['state'] as const,
+      registers,
+    }),
     engineNotifications: new Counter({
       name: 'handoff_router_engine_notifications_total',
       help: 'peer_gone calls to engines without an agent (engine mode), by outcome (ok, failed, not_configured)',

@@ -226,3 +226,19 @@ t.test('RouterEvents: a crash (probes fail and no agent stream open) is peer_gon
   events.streamClosed('a-p2')
   t.equal(events.log.last, last)
 })
+
+t.test('EventLog: delivery is reported once per event, when its last expected agent acknowledges it', async (t) => {
+  const clock = new ManualClock()
+  const delivered: [number, number][] = []
+  const log = new EventLog({ clock, onDelivered: (e, ms) => delivered.push([e.seq, ms]) })
+  log.append({ type: 'peer_gone', engineIds: ['x'], addresses: [], reason: 'r' }, ['a', 'b'])
+  log.append({ type: 'lease_release', prefillEngineId: 'p', requestIds: ['r1'], reason: 'r' }, ['a'])
+  clock.advance(7)
+  log.ack('a', 2)
+  t.same(delivered, [[2, 7]], "the lease release had one recipient; the peer_gone waits for b")
+  clock.advance(5)
+  log.ack('b', 1)
+  log.ack('b', 1)
+  log.ack('a', 2)
+  t.same(delivered, [[2, 7], [1, 12]], 'once each, never again on repeated acks')
+})

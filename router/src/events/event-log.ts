@@ -37,11 +37,15 @@ export interface EventLogOptions {
   retention?: number
   /** How long a gone engine_id stays in snapshots, ms (default 10 min, the agents' tombstone). */
   goneTtlMs?: number
+  /** Called once per event when the last expected agent acknowledged it (delivery metrics). */
+  onDelivered?: (event: LoggedEvent, ms: number) => void
 }
 
 interface Entry {
   event: LoggedEvent
   expected: readonly string[]
+  /** Expected agents that have not acknowledged it yet; empty: delivered. */
+  waiting: Set<string>
 }
 
 export class EventLog {
@@ -49,6 +53,7 @@ export class EventLog {
   readonly #clock: Clock
   readonly #retention: number
   readonly #goneTtlMs: number
+  readonly #onDelivered: EventLogOptions['onDelivered']
   #entries: Entry[] = []
   #seq = 0
   /** Gone engine_id → when (wall ms); insertion order is age order. */
@@ -62,6 +67,7 @@ export class EventLog {
     this.#clock = opts.clock
     this.#retention = opts.retention ?? 10_000
     this.#goneTtlMs = opts.goneTtlMs ?? 10 * 60_000
+    this.#onDelivered = opts.onDelivered
     if (!(Number.isInteger(this.#retention) && this.#retention > 0)) throw new RangeError(`retention must be a positive integer, got ${this.#retention}`)
   }
 
@@ -88,7 +94,7 @@ export class EventLog {
       }
       this.#pruneGone()
     }
-    this.#entries.push({ event, expected: [...expected] })
+    this.#entries.push({ event, expected: [...expected], waiting: new Set(expected) })
     if (this.#entries.length > this.#retention) this.#entries = this.#entries.slice(this.#entries.length - this.#retention)
     for (const fn of [...this.#listeners]) fn(event)
     return event
@@ -128,7 +134,27 @@ export class EventLog {
 
   ack(agentId: string, seq: number): void {
     if (seq > this.#seq) return // an agent cannot have applied what was never logged
-    if (seq > (this.#acks.get(agentId) ?? 0)) this.#acks.set(agentId, seq)
+    const before = this.#acks.get(agentId) ?? 0
+    if (seq <= before) return
+    this.#acks.set(agentId, seq)
+    // Only the events this ack newly covers: the cost follows the acks, not the log's size.
+    for (let i = this.#indexAfter(before); i < this.#entries.length; i++) {
+      const e = this.#entries[i] as Entry
+      if (e.event.seq > seq) break
+      if (e.waiting.delete(agentId) && e.waiting.size === 0) this.#onDelivered?.(e.event, this.#clock.now() - e.event.at)
+    }
+  }
+
+  /** Index of the first held entry with seq > `seq` (entries are in seq order). */
+  #indexAfter(seq: number): number {
+    let lo = 0
+    let hi = this.#entries.length
+    while (lo < hi) {
+      const mid = (lo + hi) >> 1
+      if ((this.#entries[mid] as Entry).event.seq <= seq) lo = mid + 1
+      else hi = mid
+    }
+    return lo
   }
 
   acked(agentId: string): number {

@@ -124,6 +124,21 @@ export const RouterConfig = Type.Object(
       },
       { default: {}, additionalProperties: false },
     ),
+    // The lease ledger (DESIGN "One request, end to end" steps 4–5). leaseSeconds must equal
+    // the engines' KV lease (vLLM's kv_lease_duration / VLLM_NIXL_ABORT_REQUEST_TIMEOUT, the
+    // sim's --lease-seconds): a lease within marginMs of it is never sent to a decoder; it is
+    // re-prefilled once (`reprefill`) or the request fails with RTR_ERR_LEASE_LAPSED (`fail`).
+    leases: Type.Object(
+      {
+        leaseSeconds: Type.Number({ exclusiveMinimum: 0, default: 30 }),
+        marginMs: Type.Integer({ minimum: 0, default: 1000 }),
+        onLapsed: Type.Union([Type.Literal('reprefill'), Type.Literal('fail')], { default: 'reprefill' }),
+        // Ended leases stay listed this long; the cap bounds memory whatever the rate.
+        retentionMs: Type.Integer({ minimum: 0, default: 60000 }),
+        maxEntries: Type.Integer({ minimum: 1, default: 100000 }),
+      },
+      { default: {}, additionalProperties: false },
+    ),
     // Sent as `Authorization: Bearer …` to engines started with `--api-key`.
     upstreamApiKey: Type.Optional(Type.String({ minLength: 1 })),
     shutdownGraceMs: Type.Integer({ minimum: 0, default: 30000 }),

@@ -27,11 +27,13 @@ import { AgentDirectory } from './events/agent-directory.js'
 import { EngineNotifier } from './events/engine-notifier.js'
 import { EventLog } from './events/event-log.js'
 import { RouterEvents } from './events/router-events.js'
-import { untrackedLedger, type LeaseLedger } from './leases/ledger.js'
+import type { LeaseEndReason, LeaseLedger, LeaseRecord } from './leases/ledger.js'
+import { MemoryLeaseLedger } from './leases/memory-ledger.js'
 import { createRouterMetrics } from './metrics.js'
 import { bearerChecker } from './plugins/auth.js'
 import { CompletionProxy } from './proxy/proxy.js'
 import { Upstream } from './proxy/upstream.js'
+import { adminRoutes } from './routes/admin.js'
 import { agentStreamRoutes } from './routes/agent-stream.js'
 import { completionRoutes } from './routes/completions.js'
 import { faultToleranceRoutes } from './routes/fault-tolerance.js'
@@ -40,6 +42,7 @@ import { healthRoutes } from './routes/health.js'
 import { metricsRoutes } from './routes/metrics.js'
 import { modelRoutes } from './routes/models.js'
 import { Prober, type HttpGet } from './topology/prober.js'
+import { Drainer } from './topology/drainer.js'
 import { TopologyRegistry } from './topology/registry.js'
 
 export interface RouterDeps {
@@ -48,6 +51,7 @@ export interface RouterDeps {
   random?: Random
   /** A pino logger to use instead of one built from the config (tests pass a sink). */
   logger?: FastifyBaseLogger
+  /** Another lease ledger (default: a MemoryLeaseLedger from `config.leases`). */
   ledger?: LeaseLedger
   /** Skip the background prober (tests that drive health by hand). */
   probe?: boolean
@@ -152,6 +156,15 @@ export async function buildApp(deps: RouterDeps): Promise<FastifyInstance> {
     ...(config.upstreamApiKey ? { apiKey: config.upstreamApiKey } : {}),
     metrics: metrics.engineNotifications,
   })
+  const ledger =
+    deps.ledger ??
+    new MemoryLeaseLedger({
+      clock,
+      ...config.leases,
+      registry: metrics.registry,
+      onRelease: (leases, reason) => releaseToPrefillers(events, leases, reason),
+    })
+  const drainer = new Drainer({ registry, ledger, events, clock, logger: app.log.child({ component: 'drain' }) })
   const dispatcher = upstreamAgent(config)
   const probes = probeAgent(config)
   const admission = new Admission({
@@ -167,11 +180,12 @@ export async function buildApp(deps: RouterDeps): Promise<FastifyInstance> {
     registry,
     admission,
     upstream: new Upstream({ dispatcher, registry, metrics }),
-    ledger: deps.ledger ?? untrackedLedger,
+    ledger,
     metrics,
     clock,
     random,
     timeouts: config.timeouts,
+    onLapsed: config.leases.onLapsed,
     ...(config.upstreamApiKey ? { upstreamApiKey: config.upstreamApiKey } : {}),
   })
   const prober = new Prober({
@@ -185,7 +199,8 @@ export async function buildApp(deps: RouterDeps): Promise<FastifyInstance> {
   const topologyLog = app.log.child({ component: 'topology' })
   registry.subscribe((change) => {
     if (change.type === 'released') return
-    const role = config.instances.find((i) => i.id === change.instanceId)?.role ?? 'unknown'
+    const role = 'role' in change ? change.role : (registry.snapshot().instances.find((i) => i.id === change.instanceId)?.role ?? 'unknown')
+    if (change.type === 'removed') metrics.instanceUp.remove({ instance: change.instanceId, role })
     if (change.type === 'up' || change.type === 'down') metrics.instanceUp.set({ instance: change.instanceId, role }, change.type === 'up' ? 1 : 0)
     if (change.type === 'ejected' || change.type === 'engine_id_changed') metrics.topologyChanges.inc({ type: change.type })
     topologyLog.info({ ...change }, `instance ${change.instanceId}: ${change.type}`)
@@ -225,6 +240,7 @@ export async function buildApp(deps: RouterDeps): Promise<FastifyInstance> {
   })
   app.addHook('onClose', async () => {
     prober.stop()
+    drainer.close()
     admission.close()
     await Promise.all([dispatcher.close(), probes.close(), engineNotifier.close()])
   })
@@ -272,16 +288,35 @@ export async function buildApp(deps: RouterDeps): Promise<FastifyInstance> {
     })
     await admin.register(faultToleranceRoutes, { events })
     await admin.register(topologyRoutes, { registry, events, pairing: config.pairing })
+    await admin.register(adminRoutes, { registry, drainer, ledger, clock, probe: (id) => prober.probe(id) })
   })
 
   app.decorate('topology', registry)
   app.decorate('events', events)
+  app.decorate('leases', ledger)
   return app
+}
+
+/**
+ * Leases nobody will read: one lease_release per prefiller engine for its agent. Without
+ * remote_request_id (vLLM before late 2025) P's agent could not name the blocks; those wait
+ * for P's own expiry.
+ */
+function releaseToPrefillers(events: RouterEvents, leases: readonly LeaseRecord[], reason: LeaseEndReason): void {
+  const byEngine = new Map<string, string[]>()
+  for (const l of leases) {
+    if (l.remoteRequestId === undefined) continue
+    const ids = byEngine.get(l.engineId) ?? []
+    ids.push(l.remoteRequestId)
+    byEngine.set(l.engineId, ids)
+  }
+  for (const [prefillEngineId, requestIds] of byEngine) events.releaseLease({ prefillEngineId, requestIds, reason })
 }
 
 declare module 'fastify' {
   interface FastifyInstance {
     topology: TopologyRegistry
     events: RouterEvents
+    leases: LeaseLedger
   }
 }

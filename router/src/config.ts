@@ -77,5 +77,8 @@ export function loadConfig(sources: ConfigSources = {}): RouterConfig {
     if (ids.has(inst.id)) throw new RTR_ERR_CONFIG(`duplicate instance id ${inst.id}`)
     ids.add(inst.id)
   }
+  if (config.leases.marginMs >= config.leases.leaseSeconds * 1000) {
+    throw new RTR_ERR_CONFIG(`leases.marginMs (${config.leases.marginMs}) must be below the lease (leases.leaseSeconds ${config.leases.leaseSeconds} s)`)
+  }
   return deepFreeze(config)
 }

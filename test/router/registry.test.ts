@@ -155,3 +155,33 @@ t.test('an engine_id change is told to subscribers', async (t) => {
   reg.observeEngineId('p', 'e3')
   t.same(changes, [{ type: 'engine_id_changed', instanceId: 'p', address: '127.0.0.1:1001', previous: 'e1', current: 'e2' }])
 })
+
+t.test('instances join and leave at runtime; late reports for a removed one are no-ops', async (t) => {
+  const { reg } = registry()
+  const changes: string[] = []
+  reg.subscribe((c) => changes.push(`${c.type}:${c.instanceId}`))
+  const before = reg.snapshot()
+  reg.add({ id: 'd2', role: 'decode', url: 'http://127.0.0.1:1003' })
+  t.throws(() => reg.add({ id: 'd2', role: 'decode', url: 'http://127.0.0.1:1004' }), /duplicate/)
+  const after = reg.snapshot()
+  t.not(after, before, 'a join invalidates the cached snapshot')
+  t.match(
+    after.instances.find((i) => i.id === 'd2'),
+    { role: 'decode', healthy: true, inflight: 0 },
+  )
+  t.ok(reg.has('d2') && reg.isUp('d2'))
+  reg.acquire('d2')
+  t.ok(reg.remove('d2'))
+  t.notOk(reg.remove('d2'), 'removing twice: false')
+  t.notOk(reg.has('d2'))
+  t.notOk(reg.snapshot().instances.some((i) => i.id === 'd2'))
+  // Work that was in flight on it, probes and passive outcomes that come back later.
+  reg.release('d2')
+  reg.recordSuccess('d2')
+  reg.recordFailure('d2')
+  reg.recordProbe('d2', false)
+  t.notOk(reg.isUp('d2'))
+  t.notOk(reg.needsModels('d2'), 'a removed instance is not asked for its models')
+  t.equal(reg.observeEngineId('d2', 'e'), undefined)
+  t.same(changes, ['added:d2', 'removed:d2'])
+})

@@ -1,7 +1,10 @@
 /**
- * The seam for the lease ledger (a later issue fills it): every handoff the router hands
- * out is reported here with its lifecycle. Until then the router runs with
- * `untrackedLedger`, which records nothing; the call sites are already where they belong.
+ * The lease ledger's contract (DESIGN "One request, end to end", steps 4–6): every handoff
+ * the router hands out is reported here with its lifecycle, so the router can refuse to send
+ * a decoder parameters whose blocks are about to go, release blocks nobody will read, and
+ * tell a drain when a prefiller holds nothing unread. `MemoryLeaseLedger` keeps it in this
+ * process; a Redis implementation (issue 10) keeps the same contract. `untrackedLedger`
+ * records nothing (tests of the request path that do not care).
  */
 export interface HandoffLease {
   /** The handoff's engine request id (fresh per handoff, sent to P and D). */
@@ -17,25 +20,75 @@ export interface HandoffLease {
   issuedAt: number
 }
 
-export type LeaseEndReason = 'client_gone' | 'decode_failed' | 'router_error'
+/**
+ * Why the router released a lease before D read it: the client left, the decode leg failed
+ * (or D refused the parameters), a bug ended the exchange, the decoder is gone (down, drained,
+ * removed), or the lease was too close to expiry to dispatch (`lapsed`).
+ */
+export type LeaseEndReason = 'client_gone' | 'decode_failed' | 'router_error' | 'decoder_gone' | 'lapsed'
+
+/** `issued` → `reading` → `done`, or `released` (by the router) or `lapsed` (its time ran out unread). */
+export type LeaseState = 'issued' | 'reading' | 'done' | 'released' | 'lapsed'
+
+export interface LeaseRecord extends HandoffLease {
+  state: LeaseState
+  /** issuedAt + the engines' lease duration (wall ms). */
+  expiresAt: number
+  /** When it left issued/reading (wall ms). */
+  endedAt?: number
+  reason?: LeaseEndReason
+}
+
+export interface LeaseSummary {
+  /** Unread leases (issued or reading, not past expiry) by state. */
+  inFlight: { issued: number; reading: number }
+  byPrefill: Record<string, number>
+  byDecode: Record<string, number>
+  /** Age of the oldest unread lease, ms; null when none. */
+  oldestAgeMs: number | null
+  /** Lifetime totals (not filtered by instance). */
+  lapsed: { beforeDispatch: number; unread: number }
+  released: Partial<Record<LeaseEndReason, number>>
+  /** Entries held (unread and ended ones kept for retention). */
+  entries: number
+  /** With an instance filter: its unread leases, oldest first (at most 100). */
+  leases?: LeaseRecord[]
+}
 
 export interface LeaseLedger {
   /** P answered with kv_transfer_params: the blocks are pinned for this request. */
   issue(lease: HandoffLease): void
   /** The first decoder refused the connection; the params go to `decode` instead. */
   redirect(requestId: string, decode: string): void
+  /**
+   * Just before the decode leg: true when the lease is past its expiry minus the margin. The
+   * lease is then ended as `lapsed` (released to P) and counted; D must not get its params.
+   */
+  lapsed(requestId: string): boolean
   /** D accepted the request and is (about to be) reading. */
   reading(requestId: string): void
   /** D produced its first byte: the read is done. */
   done(requestId: string): void
   /** The handoff ended without a read; P's blocks should be released. */
   release(requestId: string, reason: LeaseEndReason): void
+  /** Releases every unread lease whose decoder is `decode` (it is gone); returns how many. */
+  releaseDecoder(decode: string, reason: LeaseEndReason): number
+  /** Unread leases (issued or reading, not past expiry) whose prefiller is `prefill`. */
+  unreadBy(prefill: string): number
+  summary(filter?: { instance?: string }): LeaseSummary
+  /** Calls `listener` whenever a lease stops being unread; returns the unsubscribe function. */
+  onEnded(listener: (lease: LeaseRecord) => void): () => void
 }
 
 export const untrackedLedger: LeaseLedger = Object.freeze({
   issue: () => {},
   redirect: () => {},
+  lapsed: () => false,
   reading: () => {},
   done: () => {},
   release: () => {},
+  releaseDecoder: () => 0,
+  unreadBy: () => 0,
+  summary: () => ({ inFlight: { issued: 0, reading: 0 }, byPrefill: {}, byDecode: {}, oldestAgeMs: null, lapsed: { beforeDispatch: 0, unread: 0 }, released: {}, entries: 0 }),
+  onEnded: () => () => {},
 })

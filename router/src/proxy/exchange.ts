@@ -55,6 +55,16 @@ export class Handoff {
     if (this.#lease === 'issued') this.#ex.deps.ledger.redirect(this.engineRequestId, decode)
   }
 
+  /**
+   * Before the decode leg: whether the lease is too close to expiry to send D its params.
+   * A lapsed lease is over (the ledger released it to P); the caller re-prefills or fails.
+   */
+  lapsed(): boolean {
+    if (this.#lease !== 'issued' || !this.#ex.deps.ledger.lapsed(this.engineRequestId)) return false
+    this.#lease = 'released'
+    return true
+  }
+
   /** The decode leg is being sent with the params. */
   reading(): void {
     if (this.#lease !== 'issued') return

@@ -2,6 +2,7 @@ import type { Clock } from '../../../common/clock.js'
 import type { Random } from '../../../common/random.js'
 import { isCompleteHandoff } from '../../../schemas/kv-transfer-params.js'
 import type { Admission } from '../admission/admission.js'
+import { RTR_ERR_LEASE_LAPSED } from '../errors.js'
 import type { RouterMetrics } from '../metrics.js'
 import type { InstanceView, TopologyRegistry } from '../topology/registry.js'
 import type { Route } from '../topology/selection.js'
@@ -23,6 +24,8 @@ export interface HandoffDeps {
   clock: Clock
   random: Random
   timeouts: HandoffTimeouts
+  /** A lease that lapsed before the decode leg: prefill once more, or fail the request. */
+  onLapsed: 'reprefill' | 'fail'
   upstreamApiKey?: string
 }
 
@@ -53,24 +56,53 @@ export class HandoffRunner {
 
   async run(ex: Exchange, body: Body, path: string): Promise<Answer> {
     const model = body.model as string
-    const h = ex.handoff(`hnd-${this.#d.random.hex(12)}`)
+    const h = ex.handoff(this.#newId())
     const route = await this.#d.admission.admit({ model, signal: ex.signal, onMode: (m) => (ex.mode = m) })
     ex.hold(route)
-    const headers: Record<string, string> = { 'content-type': JSON_TYPE, 'x-request-id': h.engineRequestId }
-    if (this.#d.upstreamApiKey) headers.authorization = `Bearer ${this.#d.upstreamApiKey}`
-    if (route.mode === 'single') return this.#decode(ex, h, route, route.target, decodeBody(body, undefined), path, headers)
+    if (route.mode === 'single') return this.#decode(ex, h, route, route.target, decodeBody(body, undefined), path, this.#headers(h))
+    return this.#pd(ex, h, route, body, path, this.#d.onLapsed === 'reprefill')
+  }
 
+  /**
+   * Prefill, lease, decode. A lease already too close to expiry when D would get it is never
+   * dispatched (DESIGN step 5): by policy it is prefilled once more on a fresh pair, under a
+   * new engine request id and a new lease, or the request fails with RTR_ERR_LEASE_LAPSED.
+   */
+  async #pd(ex: Exchange, h: Handoff, route: PdRoute, body: Body, path: string, mayReprefill: boolean): Promise<Answer> {
     const { clock, metrics } = this.#d
+    const headers = this.#headers(h)
     const started = clock.monotonic()
     const [pd, prefilled] = await this.#prefillWithRetry(ex, h, route, body, path, headers)
-    ex.release(pd.prefill.id)
     const prefillDone = clock.monotonic()
     metrics.prefillDuration.observe((prefillDone - started) / 1000)
+    // The lease is recorded before P's slot goes back: a drain waiting on P sees the slot or
+    // the unread lease, never neither.
+    if (!('status' in prefilled) && prefilled.params) h.issue(prefilled.params, pd.prefill.id, pd.decode.id)
+    ex.release(pd.prefill.id)
     if ('status' in prefilled) return { kind: 'engine-error', handoff: h, ...prefilled }
-    if (prefilled.params) h.issue(prefilled.params, pd.prefill.id, pd.decode.id)
+    if (h.lapsed()) {
+      const where = `handoff ${h.engineRequestId} prefilled on ${pd.prefill.id}`
+      if (!mayReprefill) throw new RTR_ERR_LEASE_LAPSED(where)
+      const again = this.#d.admission.retryRoute(body.model as string, new Set(), 'pd')
+      if (!again) throw new RTR_ERR_LEASE_LAPSED(`${where}; no prefiller is free to prefill again`)
+      ex.hold(again)
+      ex.release(pd.decode.id)
+      ex.log.warn({ handoff: h.engineRequestId, prefill: pd.prefill.id }, 'lease lapsed before the decode leg; prefilling again')
+      return this.#pd(ex, ex.handoff(this.#newId()), again, body, path, false)
+    }
     const answer = await this.#decode(ex, h, pd, pd.decode, decodeBody(body, prefilled.params), path, headers)
     metrics.handoffGap.observe((clock.monotonic() - prefillDone) / 1000)
     return answer
+  }
+
+  #newId(): string {
+    return `hnd-${this.#d.random.hex(12)}`
+  }
+
+  #headers(h: Handoff): Record<string, string> {
+    const headers: Record<string, string> = { 'content-type': JSON_TYPE, 'x-request-id': h.engineRequestId }
+    if (this.#d.upstreamApiKey) headers.authorization = `Bearer ${this.#d.upstreamApiKey}`
+    return headers
   }
 
   /** The decode leg (or the one leg of a single route) up to D's response head. */
@@ -95,6 +127,7 @@ export class HandoffRunner {
       const other = err instanceof LegFailure && err.retryable ? this.#otherDecoder(ex, route, body.model as string, d) : undefined
       if (!other) throw this.#decodeFailed(h, err)
       ex.release(d.id)
+      if (h.lapsed()) throw new RTR_ERR_LEASE_LAPSED(`handoff ${h.engineRequestId}: ${d.id} refused the connection and the lease ran out`)
       h.redirect(other.id)
       c = call(other)
       answer = await this.#d.upstream.send(c).catch((e: unknown) => Promise.reject(this.#decodeFailed(h, e)))

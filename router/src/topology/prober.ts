@@ -43,7 +43,7 @@ export class Prober {
 
   /** Probes every instance once; resolves when all answered or timed out. */
   async probeAll(): Promise<void> {
-    await Promise.all(this.#o.registry.ids().map((id) => this.#probe(id)))
+    await Promise.all(this.#o.registry.ids().map((id) => this.probe(id)))
   }
 
   start(): void {
@@ -69,7 +69,8 @@ export class Prober {
     this.#timer = t
   }
 
-  async #probe(id: string): Promise<void> {
+  /** Probes one instance now (one that just joined, so it is known before it gets work). */
+  async probe(id: string): Promise<void> {
     const { registry, get, timeoutMs, log } = this.#o
     const base = registry.url(id)
     let up = false

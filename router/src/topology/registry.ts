@@ -21,6 +21,8 @@ export type TopologyChange =
   | { type: 'engine_id_changed'; instanceId: string; address: string; previous: string; current: string }
   | { type: 'draining'; instanceId: string }
   | { type: 'drained'; instanceId: string }
+  | { type: 'added'; instanceId: string; role: InstanceRole }
+  | { type: 'removed'; instanceId: string; role: InstanceRole }
 
 export type TopologyListener = (change: TopologyChange) => void
 
@@ -89,10 +91,36 @@ export class TopologyRegistry {
     if (opts.policy.unhealthyThreshold < 1) throw new RangeError('unhealthyThreshold must be >= 1')
     this.#clock = opts.clock
     this.#policy = opts.policy
-    for (const cfg of opts.instances) this.add(cfg)
+    for (const cfg of opts.instances) this.#add(cfg)
   }
 
+  has(id: string): boolean {
+    return this.#instances.has(id)
+  }
+
+  /**
+   * An instance joins at runtime (the autoscaler's POST /admin/instances): unprobed, so
+   * eligible at once, until its first probe says otherwise. Throws on a duplicate id.
+   */
   add(cfg: InstanceConfig): void {
+    this.#add(cfg)
+    this.#emit({ type: 'added', instanceId: cfg.id, role: cfg.role })
+  }
+
+  /**
+   * The instance leaves the topology (drained, or deregistered by hand). Slots still held
+   * for it are forgotten: releases, probes and outcomes that arrive for it later are no-ops.
+   * Returns false when it was not there.
+   */
+  remove(id: string): boolean {
+    const s = this.#instances.get(id)
+    if (!s) return false
+    this.#instances.delete(id)
+    this.#emit({ type: 'removed', instanceId: id, role: s.role })
+    return true
+  }
+
+  #add(cfg: InstanceConfig): void {
     if (this.#instances.has(cfg.id)) throw new Error(`duplicate instance id ${cfg.id}`)
     this.#instances.set(cfg.id, {
       id: cfg.id,
@@ -143,7 +171,8 @@ export class TopologyRegistry {
 
   /** A slot on the instance is free again: queued requests may now be admitted. */
   release(id: string): void {
-    const s = this.#get(id)
+    const s = this.#instances.get(id)
+    if (!s) return
     s.inflight = Math.max(0, s.inflight - 1)
     this.#emit({ type: 'released', instanceId: id })
     if (s.draining && s.inflight === 0) this.#emit({ type: 'drained', instanceId: id })
@@ -151,7 +180,8 @@ export class TopologyRegistry {
 
   /** A request reached the instance and got an answer: the connect-failure streak ends. */
   recordSuccess(id: string): void {
-    this.#get(id).consecutiveFailures = 0
+    const s = this.#instances.get(id)
+    if (s) s.consecutiveFailures = 0
   }
 
   /**
@@ -160,7 +190,8 @@ export class TopologyRegistry {
    * `unhealthyThreshold` in a row the instance is ejected (outlier detection with backoff).
    */
   recordFailure(id: string): void {
-    const s = this.#get(id)
+    const s = this.#instances.get(id)
+    if (!s) return
     const now = this.#clock.monotonic()
     s.consecutiveFailures++
     if (s.consecutiveFailures < this.#policy.unhealthyThreshold || now < s.ejectedUntil) return
@@ -180,7 +211,8 @@ export class TopologyRegistry {
    * ejection: the instance serves again.
    */
   recordProbe(id: string, up: boolean, models?: readonly string[]): void {
-    const s = this.#get(id)
+    const s = this.#instances.get(id)
+    if (!s) return
     const wasEligible = eligible(s, this.#clock.monotonic())
     if (up) {
       s.probeFailures = 0
@@ -210,11 +242,13 @@ export class TopologyRegistry {
   }
 
   needsModels(id: string): boolean {
-    return this.#get(id).models === undefined
+    const s = this.#instances.get(id)
+    return s !== undefined && s.models === undefined
   }
 
   isUp(id: string): boolean {
-    return eligible(this.#get(id), this.#clock.monotonic())
+    const s = this.#instances.get(id)
+    return s !== undefined && eligible(s, this.#clock.monotonic())
   }
 
   /**
@@ -222,8 +256,8 @@ export class TopologyRegistry {
    * previously had another engine_id: the old incarnation is gone (a peer_gone seam).
    */
   observeEngineId(id: string, engineId: string): EngineIdChange | undefined {
-    const s = this.#get(id)
-    if (s.engineId === engineId) return undefined
+    const s = this.#instances.get(id)
+    if (!s || s.engineId === engineId) return undefined
     const previous = s.engineId
     s.engineId = engineId
     this.#snapshot = undefined

@@ -1,0 +1,233 @@
+import type { Registry, RegistryContentType } from 'prom-client'
+import type { Clock } from '../../../common/clock.js'
+import type { HandoffLease, LeaseEndReason, LeaseLedger, LeaseRecord, LeaseSummary } from './ledger.js'
+import { createLeaseMetrics, type LeaseMetrics } from './metrics.js'
+
+export interface MemoryLeaseLedgerOptions {
+  clock: Clock
+  /** The engines' lease duration (vLLM's kv_lease_duration, the agents' leaseSeconds). */
+  leaseSeconds: number
+  /** A lease within this many ms of its expiry is not dispatched to D. */
+  marginMs: number
+  /** Ended entries are kept this long (for GET /leases), then pruned. */
+  retentionMs: number
+  /** Cap on entries held; at the cap ended entries go first, then the oldest unread. */
+  maxEntries: number
+  /** The router's metrics registry; none: no metrics. */
+  registry?: Registry<RegistryContentType>
+  /** Leases the router released (not ones that lapsed unread): P's agent should free them now. */
+  onRelease?: (leases: readonly LeaseRecord[], reason: LeaseEndReason) => void
+}
+
+const UNREAD_LISTED = 100
+
+/**
+ * The lease ledger in this process's memory. Unread leases are kept in issue order, which is
+ * also expiry order (one lease duration for all), so expired ones are swept from the front;
+ * ended ones in end order, pruned from the front after `retentionMs`. Both sweeps run lazily
+ * on each call, so nothing needs a timer and a ManualClock drives it all in tests. Every
+ * operation is O(1) amortised, except `releaseDecoder` (the decoder's leases) and `summary`.
+ */
+export class MemoryLeaseLedger implements LeaseLedger {
+  readonly #o: MemoryLeaseLedgerOptions
+  readonly #leaseMs: number
+  /** Unread leases (issued, reading), in issue order. */
+  readonly #live = new Map<string, LeaseRecord>()
+  /** Ended leases, in end order. */
+  readonly #ended = new Map<string, LeaseRecord>()
+  readonly #byPrefill = new Map<string, Set<string>>()
+  readonly #byDecode = new Map<string, Set<string>>()
+  readonly #listeners = new Set<(lease: LeaseRecord) => void>()
+  readonly #metrics: LeaseMetrics | undefined
+  readonly #totals = { lapsedBeforeDispatch: 0, lapsedUnread: 0, released: {} as Partial<Record<LeaseEndReason, number>> }
+
+  constructor(opts: MemoryLeaseLedgerOptions) {
+    if (!(opts.leaseSeconds > 0)) throw new RangeError(`leaseSeconds must be > 0, got ${opts.leaseSeconds}`)
+    if (!(opts.marginMs >= 0 && opts.marginMs < opts.leaseSeconds * 1000)) throw new RangeError(`marginMs must be >= 0 and below the lease (${opts.leaseSeconds * 1000} ms), got ${opts.marginMs}`)
+    if (!(opts.retentionMs >= 0)) throw new RangeError(`retentionMs must be >= 0, got ${opts.retentionMs}`)
+    if (!(Number.isInteger(opts.maxEntries) && opts.maxEntries >= 1)) throw new RangeError(`maxEntries must be a positive integer, got ${opts.maxEntries}`)
+    this.#o = opts
+    this.#leaseMs = opts.leaseSeconds * 1000
+    this.#metrics = opts.registry ? createLeaseMetrics(opts.registry, () => this.#inFlight()) : undefined
+  }
+
+  get size(): number {
+    return this.#live.size + this.#ended.size
+  }
+
+  issue(lease: HandoffLease): void {
+    this.#sweep()
+    const existing = this.#live.get(lease.requestId) ?? this.#ended.get(lease.requestId)
+    if (existing) this.#forget(existing)
+    while (this.size >= this.#o.maxEntries) this.#evictOne()
+    const rec: LeaseRecord = { ...lease, state: 'issued', expiresAt: lease.issuedAt + this.#leaseMs }
+    this.#live.set(rec.requestId, rec)
+    index(this.#byPrefill, rec.prefill, rec.requestId)
+    index(this.#byDecode, rec.decode, rec.requestId)
+    this.#metrics?.issued.inc()
+  }
+
+  redirect(requestId: string, decode: string): void {
+    const rec = this.#live.get(requestId)
+    if (!rec || rec.decode === decode) return
+    unindex(this.#byDecode, rec.decode, requestId)
+    rec.decode = decode
+    index(this.#byDecode, decode, requestId)
+  }
+
+  lapsed(requestId: string): boolean {
+    const rec = this.#live.get(requestId)
+    if (!rec) return false
+    if (this.#o.clock.now() < rec.expiresAt - this.#o.marginMs) return false
+    this.#totals.lapsedBeforeDispatch++
+    this.#metrics?.lapsed.inc({ when: 'before_dispatch' })
+    // P would free the blocks within the margin anyway; telling it now frees them at once.
+    this.#end(rec, 'released', 'lapsed')
+    this.#o.onRelease?.([rec], 'lapsed')
+    return true
+  }
+
+  reading(requestId: string): void {
+    const rec = this.#live.get(requestId)
+    if (rec) rec.state = 'reading'
+  }
+
+  done(requestId: string): void {
+    const rec = this.#live.get(requestId)
+    if (rec) this.#end(rec, 'done')
+  }
+
+  release(requestId: string, reason: LeaseEndReason): void {
+    const rec = this.#live.get(requestId)
+    if (!rec) return
+    this.#end(rec, 'released', reason)
+    this.#o.onRelease?.([rec], reason)
+  }
+
+  releaseDecoder(decode: string, reason: LeaseEndReason): number {
+    this.#sweep()
+    const ids = this.#byDecode.get(decode)
+    if (!ids) return 0
+    const released: LeaseRecord[] = []
+    for (const id of [...ids]) {
+      const rec = this.#live.get(id)
+      if (!rec) continue
+      this.#end(rec, 'released', reason)
+      released.push(rec)
+    }
+    if (released.length > 0) this.#o.onRelease?.(released, reason)
+    return released.length
+  }
+
+  unreadBy(prefill: string): number {
+    this.#sweep()
+    return this.#byPrefill.get(prefill)?.size ?? 0
+  }
+
+  summary(filter: { instance?: string } = {}): LeaseSummary {
+    this.#sweep()
+    const now = this.#o.clock.now()
+    const inFlight = { issued: 0, reading: 0 }
+    const byPrefill: Record<string, number> = {}
+    const byDecode: Record<string, number> = {}
+    const listed: LeaseRecord[] = []
+    let oldest: number | null = null
+    for (const rec of this.#live.values()) {
+      if (filter.instance !== undefined && rec.prefill !== filter.instance && rec.decode !== filter.instance) continue
+      if (rec.state === 'issued') inFlight.issued++
+      else inFlight.reading++
+      byPrefill[rec.prefill] = (byPrefill[rec.prefill] ?? 0) + 1
+      byDecode[rec.decode] = (byDecode[rec.decode] ?? 0) + 1
+      oldest ??= now - rec.issuedAt
+      if (filter.instance !== undefined && listed.length < UNREAD_LISTED) listed.push({ ...rec })
+    }
+    return {
+      inFlight,
+      byPrefill,
+      byDecode,
+      oldestAgeMs: oldest,
+      lapsed: { beforeDispatch: this.#totals.lapsedBeforeDispatch, unread: this.#totals.lapsedUnread },
+      released: { ...this.#totals.released },
+      entries: this.size,
+      ...(filter.instance !== undefined ? { leases: listed } : {}),
+    }
+  }
+
+  onEnded(listener: (lease: LeaseRecord) => void): () => void {
+    this.#listeners.add(listener)
+    return () => this.#listeners.delete(listener)
+  }
+
+  #inFlight(): { issued: number; reading: number } {
+    this.#sweep()
+    let reading = 0
+    for (const rec of this.#live.values()) if (rec.state === 'reading') reading++
+    return { issued: this.#live.size - reading, reading }
+  }
+
+  #end(rec: LeaseRecord, state: 'done' | 'released' | 'lapsed', reason?: LeaseEndReason): void {
+    this.#live.delete(rec.requestId)
+    unindex(this.#byPrefill, rec.prefill, rec.requestId)
+    unindex(this.#byDecode, rec.decode, rec.requestId)
+    rec.state = state
+    rec.endedAt = this.#o.clock.now()
+    if (reason) {
+      rec.reason = reason
+      if (state === 'released') {
+        this.#totals.released[reason] = (this.#totals.released[reason] ?? 0) + 1
+        this.#metrics?.released.inc({ reason })
+      }
+    }
+    this.#ended.set(rec.requestId, rec)
+    for (const l of this.#listeners) l(rec)
+  }
+
+  /** Unread leases past expiry lapse (P's own timer freed the blocks); old ended ones go. */
+  #sweep(): void {
+    const now = this.#o.clock.now()
+    for (const rec of this.#live.values()) {
+      if (rec.expiresAt > now) break
+      this.#totals.lapsedUnread++
+      this.#metrics?.lapsed.inc({ when: 'unread' })
+      this.#end(rec, 'lapsed')
+    }
+    for (const rec of this.#ended.values()) {
+      if ((rec.endedAt ?? 0) + this.#o.retentionMs > now) break
+      this.#ended.delete(rec.requestId)
+    }
+  }
+
+  /** At the cap: the oldest ended entry goes; with none, the oldest unread one (counted). */
+  #evictOne(): void {
+    const ended = this.#ended.values().next()
+    if (!ended.done) {
+      this.#ended.delete(ended.value.requestId)
+      this.#metrics?.evicted.inc({ kind: 'ended' })
+      return
+    }
+    const live = this.#live.values().next()
+    if (live.done) return
+    this.#forget(live.value)
+    this.#metrics?.evicted.inc({ kind: 'unread' })
+  }
+
+  #forget(rec: LeaseRecord): void {
+    this.#live.delete(rec.requestId)
+    this.#ended.delete(rec.requestId)
+    unindex(this.#byPrefill, rec.prefill, rec.requestId)
+    unindex(this.#byDecode, rec.decode, rec.requestId)
+  }
+}
+
+function index(map: Map<string, Set<string>>, key: string, id: string): void {
+  let set = map.get(key)
+  if (!set) map.set(key, (set = new Set()))
+  set.add(id)
+}
+
+function unindex(map: Map<string, Set<string>>, key: string, id: string): void {
+  const set = map.get(key)
+  if (!set) return
+  set.delete(id)
+  if (set.size === 0) map.delete(key)
+}

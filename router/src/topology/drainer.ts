@@ -1,0 +1,179 @@
+import type { Clock, ClockTimer } from '../../../common/clock.js'
+import { RTR_ERR_INSTANCE_NOT_FOUND } from '../errors.js'
+import type { PeerGoneResult, PeerGoneTarget } from '../events/router-events.js'
+import type { LeaseLedger } from '../leases/ledger.js'
+import type { TopologyRegistry } from './registry.js'
+
+/** Where a drain stands: what still holds the instance. */
+export interface DrainStatus {
+  id: string
+  /** Nothing was left: peer_gone went out and the instance left the topology. */
+  drained: boolean
+  /** The instance is no longer in the topology (drained, or deleted while draining). */
+  removed: boolean
+  inflight: number
+  unreadLeases: number
+}
+
+export interface RemoveResult {
+  id: string
+  /** The peer_gone event's sequence; null when no engine_id was known for the instance. */
+  peerGoneSeq: number | null
+  engineIds: string[]
+}
+
+export interface DrainerOptions {
+  registry: TopologyRegistry
+  ledger: LeaseLedger
+  events: {
+    peerGone(target: PeerGoneTarget, reason: string): PeerGoneResult
+    agents: { all(): readonly { instanceId?: string | undefined; engineUrl?: string | undefined; engineId: string }[] }
+  }
+  clock: Clock
+  logger: { info(obj: object, msg: string): void }
+  /** How often a pending drain is looked at again (leases also end by time). Default 250 ms. */
+  pollMs?: number
+}
+
+interface Pending {
+  waiters: Set<(status: DrainStatus) => void>
+  /** Set when nothing was left and the instance was retired (not deleted by hand). */
+  drained: boolean
+  /** The last word, once it left the topology. */
+  final?: DrainStatus
+}
+
+/**
+ * Retiring instances (DESIGN "Events", autoscaler hooks). A draining instance admits nothing
+ * new (the registry's `draining`); it is drained once it has no request in flight and, as a
+ * prefiller, no unread lease in the ledger: P's slot goes back as soon as P answered, while D
+ * may still be about to read P's blocks. Then `peer_gone` for its engine_ids and it leaves
+ * the topology. A decoder that goes down or leaves gets its unread leases released, so the
+ * prefillers free those blocks now instead of at expiry.
+ */
+export class Drainer {
+  readonly #o: DrainerOptions
+  readonly #pending = new Map<string, Pending>()
+  readonly #unsubscribe: (() => void)[]
+  #timer: ClockTimer | undefined
+
+  constructor(opts: DrainerOptions) {
+    this.#o = opts
+    this.#unsubscribe = [
+      opts.registry.subscribe((change) => {
+        if (change.type === 'down' || change.type === 'removed') opts.ledger.releaseDecoder(change.instanceId, 'decoder_gone')
+        if (change.type === 'removed') this.#settle(change.instanceId)
+        else if ((change.type === 'released' || change.type === 'drained') && this.#pending.has(change.instanceId)) this.#later(change.instanceId)
+      }),
+      opts.ledger.onEnded((lease) => {
+        if (this.#pending.has(lease.prefill)) this.#later(lease.prefill)
+      }),
+    ]
+  }
+
+  /** Starts (or continues) draining `id`; answers where it stands now. */
+  drain(id: string): DrainStatus {
+    const { registry } = this.#o
+    if (!registry.has(id)) throw new RTR_ERR_INSTANCE_NOT_FOUND(id)
+    let pending = this.#pending.get(id)
+    if (!pending) {
+      pending = { waiters: new Set(), drained: false }
+      this.#pending.set(id, pending)
+      registry.drain(id)
+      this.#o.logger.info({ instance: id }, 'draining')
+      this.#poll()
+    }
+    this.#check(id)
+    return pending.final ?? this.status(id)
+  }
+
+  /** Resolves when `id` is drained (or removed), or after `timeoutMs` with what was left. */
+  wait(id: string, timeoutMs: number, signal?: AbortSignal): Promise<DrainStatus> {
+    const pending = this.#pending.get(id)
+    if (!pending) return Promise.resolve(this.status(id))
+    return new Promise((resolve) => {
+      const done = (status: DrainStatus): void => {
+        this.#o.clock.clearTimeout(timer)
+        signal?.removeEventListener('abort', onAbort)
+        pending.waiters.delete(done)
+        resolve(status)
+      }
+      const onAbort = (): void => done(this.status(id))
+      const timer = this.#o.clock.setTimeout(() => done(this.status(id)), timeoutMs)
+      signal?.addEventListener('abort', onAbort, { once: true })
+      pending.waiters.add(done)
+    })
+  }
+
+  status(id: string): DrainStatus {
+    const view = this.#o.registry.snapshot().instances.find((i) => i.id === id)
+    if (!view) return { id, drained: false, removed: true, inflight: 0, unreadLeases: 0 }
+    return { id, drained: false, removed: false, inflight: view.inflight, unreadLeases: this.#o.ledger.unreadBy(id) }
+  }
+
+  /** Deregisters `id` now (DELETE /admin/instances/:id): peer_gone for its engine_ids, then gone. */
+  remove(id: string, reason: string): RemoveResult {
+    if (!this.#o.registry.has(id)) throw new RTR_ERR_INSTANCE_NOT_FOUND(id)
+    return this.#retire(id, reason)
+  }
+
+  close(): void {
+    for (const u of this.#unsubscribe) u()
+    if (this.#timer) this.#o.clock.clearTimeout(this.#timer)
+    this.#timer = undefined
+    for (const id of [...this.#pending.keys()]) this.#settle(id)
+  }
+
+  // A registry change arrives while the registry is still telling its other subscribers:
+  // look again once that is over, so they never hear of a removal in the middle of it.
+  #later(id: string): void {
+    queueMicrotask(() => this.#check(id))
+  }
+
+  #check(id: string): void {
+    const pending = this.#pending.get(id)
+    if (!pending) return
+    const s = this.status(id)
+    if (s.removed || s.inflight > 0 || s.unreadLeases > 0) return
+    this.#o.logger.info({ instance: id }, 'drained')
+    pending.drained = true
+    this.#retire(id, `drained: instance ${id}`)
+  }
+
+  #retire(id: string, reason: string): RemoveResult {
+    const view = this.#o.registry.snapshot().instances.find((i) => i.id === id)
+    const engineIds = new Set<string>()
+    if (view?.engineId) engineIds.add(view.engineId)
+    // Its agents: tied to it at registration, or registered for its URL before it joined.
+    for (const a of this.#o.events.agents.all()) {
+      if (a.instanceId === id || (view && a.engineUrl && new URL(a.engineUrl).origin === view.url)) engineIds.add(a.engineId)
+    }
+    // peer_gone before removal: the instance's engine_id must still be known to the events.
+    const gone = engineIds.size > 0 ? this.#o.events.peerGone({ engineIds: [...engineIds] }, reason) : undefined
+    this.#o.registry.remove(id)
+    return { id, peerGoneSeq: gone?.seq ?? null, engineIds: [...engineIds] }
+  }
+
+  /** The instance left the topology: whoever waits on its drain gets the last word. */
+  #settle(id: string): void {
+    const pending = this.#pending.get(id)
+    if (!pending) return
+    this.#pending.delete(id)
+    if (this.#pending.size === 0 && this.#timer) {
+      this.#o.clock.clearTimeout(this.#timer)
+      this.#timer = undefined
+    }
+    pending.final = { ...this.status(id), drained: pending.drained }
+    for (const w of [...pending.waiters]) w(pending.final)
+  }
+
+  #poll(): void {
+    if (this.#timer || this.#pending.size === 0) return
+    this.#timer = this.#o.clock.setTimeout(() => {
+      this.#timer = undefined
+      for (const id of [...this.#pending.keys()]) this.#check(id)
+      this.#poll()
+    }, this.#o.pollMs ?? 250)
+    this.#timer.unref?.()
+  }
+}

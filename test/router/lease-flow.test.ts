@@ -1,0 +1,136 @@
+import t, { type Test } from 'tap'
+import { Dispatcher, request } from 'undici'
+import { oracleForBody } from '../../sim/src/oracle.js'
+import type { HandoffLease, LeaseLedger } from '../../router/src/leases/ledger.js'
+import type { RouterConfig } from '../../schemas/router-config.js'
+import { get, post, simRequests, startRouter, startSim, waitFor } from '../helpers/cluster.js'
+
+/*
+ * The lease ledger on the request path, with real simulator processes and an in-process
+ * router: a lease that lapsed before the decode leg is never dispatched (re-prefilled once,
+ * or failed with RTR_ERR_LEASE_LAPSED), and a client that leaves between the legs gets its
+ * lease released to P's agent at once. A lapse needs time to pass between P's answer and
+ * D's leg, which a healthy loopback never gives: the tests backdate the issue time the
+ * router records (as a P whose answer reached the router late would).
+ */
+const ADMIN = 'admin-token-123'
+const auth = { authorization: `Bearer ${ADMIN}` }
+const MODEL = 'handoff/sim-1'
+const body = { model: MODEL, prompt: 'The quick brown fox jumps over the lazy dog', max_tokens: 6 }
+const leases = (o: Partial<RouterConfig['leases']> = {}): RouterConfig['leases'] => ({ leaseSeconds: 30, marginMs: 1000, onLapsed: 'reprefill', retentionMs: 60_000, maxEntries: 1000, ...o })
+
+const p = await startSim(t, ['--role', 'prefill', '--engine-id', 'eng-p0'])
+// D holds a non-streamed answer for 12 × 150 ms: a window between the legs for the cancel test.
+const d = await startSim(t, ['--role', 'decode', '--decode-delay-ms', '150'])
+
+async function router(t: Test, o: Partial<RouterConfig['leases']> = {}) {
+  const r = await startRouter(
+    t,
+    [
+      { id: 'p0', role: 'prefill', url: p.url },
+      { id: 'd0', role: 'decode', url: d.url },
+    ],
+    { adminToken: ADMIN, leases: leases(o) },
+  )
+  // A stand-in for P's agent, so lease releases for eng-p0 have someone to be logged for.
+  t.equal((await post(`${r.url}/v1/agents`, { agentId: 'agent-p0', engineId: 'eng-p0', role: 'prefill', agentUrl: 'http://127.0.0.1:1', engineUrl: p.url })).status, 200)
+  await post(`${p.url}/sim/requests/clear`, {})
+  await post(`${d.url}/sim/requests/clear`, {})
+  return r
+}
+
+/** The first `n` leases the router records are backdated past their expiry − margin. */
+function lapseFirst(ledger: LeaseLedger, n: number): void {
+  const issue = ledger.issue.bind(ledger)
+  let left = n
+  ledger.issue = (lease: HandoffLease) => issue(left-- > 0 ? { ...lease, issuedAt: lease.issuedAt - 29_500 } : lease)
+}
+
+const legs = async (sim: typeof p): Promise<string[]> => (await simRequests(sim)).filter((r) => r.path === '/v1/completions').map((r) => String(r.headers['x-request-id']))
+
+t.test('policy reprefill: a lapsed lease is prefilled again, under a new id, and the client gets its text', async (t) => {
+  const { url, app } = await router(t)
+  lapseFirst(app.leases, 1)
+  const res = await post(`${url}/v1/completions`, { ...body, max_tokens: 3 })
+  t.equal(res.status, 200, res.text)
+  t.equal(res.json<{ choices: { text: string }[] }>().choices[0]?.text, oracleForBody('/v1/completions', { ...body, max_tokens: 3 }))
+  const pLegs = await legs(p)
+  const dLegs = await legs(d)
+  t.equal(pLegs.length, 2, 'P got two prefill legs')
+  t.not(pLegs[0], pLegs[1], 'each with its own engine request id')
+  t.same(dLegs, [pLegs[1]], "D got one leg, with the second lease's id")
+  const summary = (await get(`${url}/leases`, auth)).json<{ lapsed: { beforeDispatch: number }; released: Record<string, number> }>()
+  t.equal(summary.lapsed.beforeDispatch, 1)
+  t.same(summary.released, { lapsed: 1 })
+  const released = app.events.log.since(0).filter((e) => e.type === 'lease_release')
+  t.match(released, [{ prefillEngineId: 'eng-p0', reason: 'lapsed' }], "P's agent is told to free the lapsed lease's blocks")
+  t.match((await get(`${url}/metrics`)).text, /handoff_router_leases_lapsed_total\{when="before_dispatch"\} 1/)
+})
+
+t.test('policy reprefill: a re-prefill that lapses too fails the request, coded', async (t) => {
+  const { url, app } = await router(t)
+  lapseFirst(app.leases, 2)
+  const res = await post(`${url}/v1/completions`, body)
+  t.equal(res.status, 503)
+  t.equal(res.json<{ error: { code: string } }>().error.code, 'RTR_ERR_LEASE_LAPSED')
+  t.equal((await legs(p)).length, 2, 'prefilled once more, not again')
+  t.same(await legs(d), [], 'D never got a lapsed lease')
+})
+
+t.test('policy fail: a lapsed lease fails the request at once; D is never dispatched', async (t) => {
+  const { url, app } = await router(t, { onLapsed: 'fail' })
+  lapseFirst(app.leases, 1)
+  const res = await post(`${url}/v1/completions`, { ...body, stream: true })
+  t.equal(res.status, 503)
+  t.match(res.json(), { error: { code: 'RTR_ERR_LEASE_LAPSED', type: 'server_error' } })
+  t.equal((await legs(p)).length, 1)
+  t.same(await legs(d), [])
+  t.match((await get(`${url}/metrics`)).text, /handoff_router_requests_total\{mode="pd",outcome="RTR_ERR_LEASE_LAPSED"\} 1/)
+  // The next request is not lapsed: nothing sticks.
+  t.equal((await post(`${url}/v1/completions`, { ...body, max_tokens: 2 })).status, 200)
+})
+
+t.test('a client that leaves between the legs: its lease is released to P at once', async (t) => {
+  const { url, app } = await router(t)
+  const ac = new AbortController()
+  const pending = request(`${url}/v1/completions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json', 'x-request-id': 'leaving-1' },
+    body: JSON.stringify({ ...body, max_tokens: 12 }),
+    signal: ac.signal,
+  }).then(
+    (r: Dispatcher.ResponseData) => r.statusCode,
+    (err: Error) => err.name,
+  )
+  // P answered and D holds the request: the lease is issued, not read.
+  t.ok(await waitFor(async () => (await get(`${url}/leases`, auth)).json<{ inFlight: { issued: number } }>().inFlight.issued === 1), 'lease issued')
+  const listed = (await get(`${url}/leases?instance=p0`, auth)).json<{ leases: { clientRequestId: string; remoteRequestId: string; decode: string }[] }>()
+  t.match(listed.leases, [{ clientRequestId: 'leaving-1', decode: 'd0' }])
+  const remote = listed.leases[0]?.remoteRequestId
+  ac.abort()
+  t.equal(await pending, 'AbortError')
+  t.ok(
+    await waitFor(() => app.events.log.since(0).some((e) => e.type === 'lease_release')),
+    'a lease_release was logged',
+  )
+  const [ev] = app.events.log.since(0).filter((e) => e.type === 'lease_release')
+  t.match(ev, { type: 'lease_release', prefillEngineId: 'eng-p0', requestIds: [remote], reason: 'client_gone' })
+  const delivery = (await get(`${url}/fault_tolerance/events/${ev?.seq}`, auth)).json()
+  t.match(delivery, { type: 'lease_release', expected: ['agent-p0'] }, "for P's agent only")
+  const summary = (await get(`${url}/leases`, auth)).json<{ inFlight: { issued: number }; released: Record<string, number> }>()
+  t.same(summary.inFlight, { issued: 0, reading: 0 })
+  t.same(summary.released, { client_gone: 1 })
+})
+
+t.test('a decoder deregistered while it holds an unread lease: the lease is released', async (t) => {
+  const { url, app } = await router(t)
+  const pending = post(`${url}/v1/completions`, { ...body, max_tokens: 12 })
+  t.ok(await waitFor(async () => (await get(`${url}/leases`, auth)).json<{ byDecode: Record<string, number> }>().byDecode.d0 === 1))
+  const del = await request(`${url}/admin/instances/d0`, { method: 'DELETE', headers: auth })
+  t.equal(del.statusCode, 200)
+  await del.body.dump()
+  t.match(app.events.log.since(0).filter((e) => e.type === 'lease_release'), [{ reason: 'decoder_gone', prefillEngineId: 'eng-p0' }])
+  // D itself still answers the request it had (the router only stopped sending it work).
+  t.equal((await pending).status, 200)
+  t.same((await get(`${url}/leases`, auth)).json<{ released: Record<string, number> }>().released, { decoder_gone: 1 })
+})

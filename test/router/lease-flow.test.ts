@@ -102,8 +102,8 @@ t.test('a client that leaves between the legs: its lease is released to P at onc
     (r: Dispatcher.ResponseData) => r.statusCode,
     (err: Error) => err.name,
   )
-  // P answered and D holds the request: the lease is issued, not read.
-  t.ok(await waitFor(async () => (await get(`${url}/leases`, auth)).json<{ inFlight: { issued: number } }>().inFlight.issued === 1), 'lease issued')
+  // P answered and D holds the request: the lease went to D, which has not answered yet.
+  t.ok(await waitFor(async () => (await get(`${url}/leases`, auth)).json<{ inFlight: { reading: number } }>().inFlight.reading === 1), 'lease being read')
   const listed = (await get(`${url}/leases?instance=p0`, auth)).json<{ leases: { clientRequestId: string; remoteRequestId: string; decode: string }[] }>()
   t.match(listed.leases, [{ clientRequestId: 'leaving-1', decode: 'd0' }])
   const remote = listed.leases[0]?.remoteRequestId

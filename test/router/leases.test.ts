@@ -124,7 +124,7 @@ t.test('a decoder that is gone: its unread leases (issued or reading) are releas
   t.equal(ledger.unreadBy('p0'), 0)
 })
 
-t.test('an unread lease past its expiry lapses by itself: counted, listeners told, P not told', async (t) => {
+t.test('an issued lease past its expiry lapses by itself (counted, listeners told, P not told); one being read does not', async (t) => {
   const { clock, ledger, lease, released, registry } = setup()
   const ended: LeaseRecord[] = []
   const off = ledger.onEnded((l) => ended.push(l))
@@ -133,22 +133,27 @@ t.test('an unread lease past its expiry lapses by itself: counted, listeners tol
   clock.advance(10_000)
   const b = lease()
   ledger.issue(b)
-  ledger.reading(b.requestId)
+  const c = lease()
+  ledger.issue(c)
+  ledger.reading(c.requestId)
   clock.advance(20_000)
-  t.equal(ledger.unreadBy('p0'), 1, "a's 30 s are over; b has 10 s left")
+  t.equal(ledger.unreadBy('p0'), 2, "a's 30 s are over; b has 10 s left; c is being read")
   t.same(
     ended.map((l) => [l.requestId, l.state]),
     [[a.requestId, 'lapsed']],
   )
   t.same(released, [], 'its blocks were freed by P itself')
-  t.match(await metric(registry, 'handoff_router_leases{'), /handoff_router_leases\{state="reading"\} 1/)
-  clock.advance(10_000)
+  t.match(await metric(registry, 'handoff_router_leases{'), /handoff_router_leases\{state="issued"\} 1\nhandoff_router_leases\{state="reading"\} 1/)
+  clock.advance(60_000)
   t.same(ledger.summary().lapsed, { beforeDispatch: 0, unread: 2 })
-  t.match(await metric(registry, 'handoff_router_leases{'), /handoff_router_leases\{state="issued"\} 0/)
+  // D's heartbeats extend a lease being read on P: it stays until D's first byte.
+  t.equal(ledger.unreadBy('p0'), 1)
+  ledger.done(c.requestId)
+  t.match(await metric(registry, 'handoff_router_leases{'), /handoff_router_leases\{state="reading"\} 0/)
   off()
   ledger.issue(lease())
   ledger.releaseDecoder('d0', 'decoder_gone')
-  t.equal(ended.length, 2, 'an unsubscribed listener hears nothing more')
+  t.equal(ended.length, 3, 'an unsubscribed listener hears nothing more')
 })
 
 t.test('ended entries are pruned after the retention; the cap evicts ended ones first, then the oldest unread', async (t) => {

@@ -27,7 +27,10 @@ export interface HandoffLease {
  */
 export type LeaseEndReason = 'client_gone' | 'decode_failed' | 'router_error' | 'decoder_gone' | 'lapsed'
 
-/** `issued` → `reading` → `done`, or `released` (by the router) or `lapsed` (its time ran out unread). */
+/**
+ * `issued` → `reading` → `done`, or `released` (by the router) or `lapsed` (its time ran out
+ * before it was dispatched to a decoder).
+ */
 export type LeaseState = 'issued' | 'reading' | 'done' | 'released' | 'lapsed'
 
 export interface LeaseRecord extends HandoffLease {
@@ -40,7 +43,7 @@ export interface LeaseRecord extends HandoffLease {
 }
 
 export interface LeaseSummary {
-  /** Unread leases (issued or reading, not past expiry) by state. */
+  /** Unread leases by state: issued (not past expiry) or reading. */
   inFlight: { issued: number; reading: number }
   byPrefill: Record<string, number>
   byDecode: Record<string, number>
@@ -65,7 +68,7 @@ export interface LeaseLedger {
    * lease is then ended as `lapsed` (released to P) and counted; D must not get its params.
    */
   lapsed(requestId: string): boolean
-  /** D accepted the request and is (about to be) reading. */
+  /** The decode leg is being sent: D is about to read (and its heartbeats keep the lease). */
   reading(requestId: string): void
   /** D produced its first byte: the read is done. */
   done(requestId: string): void
@@ -73,7 +76,7 @@ export interface LeaseLedger {
   release(requestId: string, reason: LeaseEndReason): void
   /** Releases every unread lease whose decoder is `decode` (it is gone); returns how many. */
   releaseDecoder(decode: string, reason: LeaseEndReason): number
-  /** Unread leases (issued or reading, not past expiry) whose prefiller is `prefill`. */
+  /** Unread leases (issued and not past expiry, or reading) whose prefiller is `prefill`. */
   unreadBy(prefill: string): number
   summary(filter?: { instance?: string }): LeaseSummary
   /** Calls `listener` whenever a lease stops being unread; returns the unsubscribe function. */

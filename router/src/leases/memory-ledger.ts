@@ -22,9 +22,11 @@ export interface MemoryLeaseLedgerOptions {
 const UNREAD_LISTED = 100
 
 /**
- * The lease ledger in this process's memory. Unread leases are kept in issue order, which is
- * also expiry order (one lease duration for all), so expired ones are swept from the front;
- * ended ones in end order, pruned from the front after `retentionMs`. Both sweeps run lazily
+ * The lease ledger in this process's memory. Leases not yet dispatched to a decoder are kept
+ * in issue order, which is also expiry order (one lease duration for all), so expired ones
+ * are swept from the front; ended ones in end order, pruned from the front after
+ * `retentionMs`. A lease being read never lapses here: D's heartbeats extend it on P
+ * (protocol reference §1, item 3) until D's first byte or a release ends it. Both sweeps run lazily
  * on each call, so nothing needs a timer and a ManualClock drives it all in tests. Every
  * operation is O(1) amortised, except `releaseDecoder` (the decoder's leases) and `summary`.
  */
@@ -33,6 +35,8 @@ export class MemoryLeaseLedger implements LeaseLedger {
   readonly #leaseMs: number
   /** Unread leases (issued, reading), in issue order. */
   readonly #live = new Map<string, LeaseRecord>()
+  /** The issued ones among them (not yet dispatched to D), in issue order. */
+  readonly #issued = new Map<string, LeaseRecord>()
   /** Ended leases, in end order. */
   readonly #ended = new Map<string, LeaseRecord>()
   readonly #byPrefill = new Map<string, Set<string>>()
@@ -62,6 +66,7 @@ export class MemoryLeaseLedger implements LeaseLedger {
     while (this.size >= this.#o.maxEntries) this.#evictOne()
     const rec: LeaseRecord = { ...lease, state: 'issued', expiresAt: lease.issuedAt + this.#leaseMs }
     this.#live.set(rec.requestId, rec)
+    this.#issued.set(rec.requestId, rec)
     index(this.#byPrefill, rec.prefill, rec.requestId)
     index(this.#byDecode, rec.decode, rec.requestId)
     this.#metrics?.issued.inc()
@@ -89,7 +94,9 @@ export class MemoryLeaseLedger implements LeaseLedger {
 
   reading(requestId: string): void {
     const rec = this.#live.get(requestId)
-    if (rec) rec.state = 'reading'
+    if (!rec) return
+    rec.state = 'reading'
+    this.#issued.delete(requestId)
   }
 
   done(requestId: string): void {
@@ -160,13 +167,12 @@ export class MemoryLeaseLedger implements LeaseLedger {
 
   #inFlight(): { issued: number; reading: number } {
     this.#sweep()
-    let reading = 0
-    for (const rec of this.#live.values()) if (rec.state === 'reading') reading++
-    return { issued: this.#live.size - reading, reading }
+    return { issued: this.#issued.size, reading: this.#live.size - this.#issued.size }
   }
 
   #end(rec: LeaseRecord, state: 'done' | 'released' | 'lapsed', reason?: LeaseEndReason): void {
     this.#live.delete(rec.requestId)
+    this.#issued.delete(rec.requestId)
     unindex(this.#byPrefill, rec.prefill, rec.requestId)
     unindex(this.#byDecode, rec.decode, rec.requestId)
     rec.state = state
@@ -182,10 +188,10 @@ export class MemoryLeaseLedger implements LeaseLedger {
     for (const l of this.#listeners) l(rec)
   }
 
-  /** Unread leases past expiry lapse (P's own timer freed the blocks); old ended ones go. */
+  /** Issued leases past expiry lapse (P's own timer freed the blocks); old ended ones go. */
   #sweep(): void {
     const now = this.#o.clock.now()
-    for (const rec of this.#live.values()) {
+    for (const rec of this.#issued.values()) {
       if (rec.expiresAt > now) break
       this.#totals.lapsedUnread++
       this.#metrics?.lapsed.inc({ when: 'unread' })
@@ -213,6 +219,7 @@ export class MemoryLeaseLedger implements LeaseLedger {
 
   #forget(rec: LeaseRecord): void {
     this.#live.delete(rec.requestId)
+    this.#issued.delete(rec.requestId)
     this.#ended.delete(rec.requestId)
     unindex(this.#byPrefill, rec.prefill, rec.requestId)
     unindex(this.#byDecode, rec.decode, rec.requestId)

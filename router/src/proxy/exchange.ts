@@ -52,7 +52,7 @@ export class Handoff {
 
   /** The params went to another decoder after the first refused the connection. */
   redirect(decode: string): void {
-    if (this.#lease === 'issued') this.#ex.deps.ledger.redirect(this.engineRequestId, decode)
+    if (this.#lease === 'issued' || this.#lease === 'reading') this.#ex.deps.ledger.redirect(this.engineRequestId, decode)
   }
 
   /**
@@ -60,12 +60,12 @@ export class Handoff {
    * A lapsed lease is over (the ledger released it to P); the caller re-prefills or fails.
    */
   lapsed(): boolean {
-    if (this.#lease !== 'issued' || !this.#ex.deps.ledger.lapsed(this.engineRequestId)) return false
+    if ((this.#lease !== 'issued' && this.#lease !== 'reading') || !this.#ex.deps.ledger.lapsed(this.engineRequestId)) return false
     this.#lease = 'released'
     return true
   }
 
-  /** The decode leg is being sent with the params. */
+  /** The decode leg is being sent with the params (before D answers: it reads first). */
   reading(): void {
     if (this.#lease !== 'issued') return
     this.#lease = 'reading'

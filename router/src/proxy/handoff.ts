@@ -120,6 +120,7 @@ export class HandoffRunner {
     })
     let c = call(d)
     let answer: UpstreamAnswer
+    h.reading()
     try {
       answer = await this.#d.upstream.send(c)
     } catch (err) {
@@ -132,7 +133,6 @@ export class HandoffRunner {
       c = call(other)
       answer = await this.#d.upstream.send(c).catch((e: unknown) => Promise.reject(this.#decodeFailed(h, e)))
     }
-    h.reading()
     return { kind: 'upstream', handoff: h, call: c, answer }
   }
 

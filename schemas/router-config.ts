@@ -102,6 +102,17 @@ export const RouterConfig = Type.Object(
     adminToken: Type.Optional(Type.String({ minLength: 8 })),
     // Agents present it on registration, event streams and acks; without it they are open.
     agentToken: Type.Optional(Type.String({ minLength: 8 })),
+    // A circuit breaker per (prefiller, decoder) pair, fed by the decode leg's 5xx after a
+    // prefill with params (a failed KV load): it opens after failureThreshold in a row, lets
+    // one trial through after openMs, and rests twice as long after a failed trial.
+    pairBreaker: Type.Object(
+      {
+        failureThreshold: Type.Integer({ minimum: 1, default: 3 }),
+        openMs: Type.Integer({ minimum: 1, default: 10000 }),
+        maxOpenMs: Type.Integer({ minimum: 1, default: 120000 }),
+      },
+      { default: {}, additionalProperties: false },
+    ),
     // Engines without a transfer agent (stock vLLM moving KV itself): on every peer_gone the
     // router POSTs {"engine_id": …} to this template, `{instance_url}` and `{engine_id}`
     // replaced, e.g. "{instance_url}/drop_peer" (vLLM PR #56341). Unset: they are not told,

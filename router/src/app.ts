@@ -41,6 +41,7 @@ import { topologyRoutes } from './routes/topology.js'
 import { healthRoutes } from './routes/health.js'
 import { metricsRoutes } from './routes/metrics.js'
 import { modelRoutes } from './routes/models.js'
+import { PairBreakers } from './topology/pair-breakers.js'
 import { Prober, type HttpGet } from './topology/prober.js'
 import { Drainer } from './topology/drainer.js'
 import { TopologyRegistry } from './topology/registry.js'
@@ -137,7 +138,11 @@ export async function buildApp(deps: RouterDeps): Promise<FastifyInstance> {
   const registry = new TopologyRegistry({ clock, policy: config.health, instances: config.instances })
   const metrics = createRouterMetrics()
   const events = new RouterEvents({
-    log: new EventLog({ clock, retention: config.events.retention }),
+    log: new EventLog({
+      clock,
+      retention: config.events.retention,
+      onDelivered: (event, ms) => metrics.eventDelivery.observe({ type: event.type }, ms / 1000),
+    }),
     agents: new AgentDirectory({ clock }),
     registry,
     logger: app.log.child({ component: 'events' }),
@@ -167,7 +172,20 @@ export async function buildApp(deps: RouterDeps): Promise<FastifyInstance> {
   const drainer = new Drainer({ registry, ledger, events, clock, logger: app.log.child({ component: 'drain' }) })
   const dispatcher = upstreamAgent(config)
   const probes = probeAgent(config)
+  const pairLog = app.log.child({ component: 'pairs' })
+  const pairs = new PairBreakers({
+    clock,
+    policy: config.pairBreaker,
+    onOpen: (prefill, decode) => {
+      metrics.pairBreakerOpens.inc()
+      pairLog.warn({ prefill, decode }, 'pair breaker open: KV loads from this prefiller to this decoder keep failing')
+    },
+  })
+  registry.subscribe((change) => {
+    if (change.type === 'removed') pairs.forget(change.instanceId)
+  })
   const admission = new Admission({
+    pairs,
     registry,
     clock,
     random,
@@ -186,6 +204,7 @@ export async function buildApp(deps: RouterDeps): Promise<FastifyInstance> {
     random,
     timeouts: config.timeouts,
     onLapsed: config.leases.onLapsed,
+    pairs,
     ...(config.upstreamApiKey ? { upstreamApiKey: config.upstreamApiKey } : {}),
   })
   const prober = new Prober({
@@ -264,7 +283,15 @@ export async function buildApp(deps: RouterDeps): Promise<FastifyInstance> {
   })
 
   await app.register(healthRoutes, { registry, isClosing: () => closing })
-  await app.register(metricsRoutes, { registry: metrics.registry })
+  await app.register(metricsRoutes, {
+    registry: metrics.registry,
+    beforeScrape: () => {
+      const agents = events.agents.all()
+      const connected = agents.filter((a) => a.streams > 0).length
+      metrics.agents.set({ state: 'connected' }, connected)
+      metrics.agents.set({ state: 'disconnected' }, agents.length - connected)
+    },
+  })
   // Data plane: optional API keys guard every /v1 route.
   await app.register(async (v1) => {
     const check = bearerChecker(config.apiKeys)
@@ -287,7 +314,7 @@ export async function buildApp(deps: RouterDeps): Promise<FastifyInstance> {
       if (!check(req)) throw new RTR_ERR_ADMIN_UNAUTHORIZED()
     })
     await admin.register(faultToleranceRoutes, { events })
-    await admin.register(topologyRoutes, { registry, events, pairing: config.pairing })
+    await admin.register(topologyRoutes, { registry, events, pairing: config.pairing, pairs })
     await admin.register(adminRoutes, { registry, drainer, ledger, clock, probe: (id) => prober.probe(id) })
   })
 

@@ -38,6 +38,11 @@ export function createRouterMetrics() {
       labelNames: ['type'] as const,
       registers,
     }),
+    pairBreakerOpens: new Counter({
+      name: 'handoff_router_pair_breaker_opens_total',
+      help: 'Times a (prefiller, decoder) pair breaker opened after KV-load failures',
+      registers,
+    }),
     eventDelivery: new Histogram({
       name: 'handoff_router_event_delivery_seconds',
       help: 'From logging an event to the last expected agent acknowledging it, by type',

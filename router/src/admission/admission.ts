@@ -16,6 +16,8 @@ export interface AdmissionOptions {
   queueTimeoutMs: number
   retryAfterSeconds: number
   metrics: { queueDepth: Gauge; queueWait: Histogram }
+  /** Pair circuit breakers (topology/pair-breakers.ts): resting pairs are skipped. */
+  pairs?: { blocked(prefill: string, decode: string): boolean; chosen(prefill: string, decode: string): void }
 }
 
 /** Who is asking: the signal ends a wait when the client leaves; `mode` is told the route's mode. */
@@ -94,8 +96,11 @@ export class Admission {
   /** A decoder with a free slot for P's params after `exclude` refused them (acquired), if any. */
   retryDecoder(prefill: InstanceView, model: string, exclude: ReadonlySet<string>): InstanceView | undefined {
     const { registry, pairing, random, cap } = this.#o
-    const d = selectDecoder(registry.snapshot(), prefill, model, pairing, random, { cap, exclude })
-    if (d) registry.acquire(d.id)
+    const d = selectDecoder(registry.snapshot(), prefill, model, pairing, random, { cap, exclude, ...this.#blocked() })
+    if (d) {
+      registry.acquire(d.id)
+      this.#o.pairs?.chosen(prefill.id, d.id)
+    }
     return d
   }
 
@@ -105,7 +110,7 @@ export class Admission {
    */
   retryRoute<M extends Route['mode']>(model: string, exclude: ReadonlySet<string>, mode: M): (Route & { mode: M }) | undefined {
     const { registry, pairing, random, cap } = this.#o
-    const sel = selectRoute(registry.snapshot(), model, pairing, random, { cap, exclude })
+    const sel = selectRoute(registry.snapshot(), model, pairing, random, { cap, exclude, ...this.#blocked() })
     if (!sel || sel.mode !== mode) return undefined
     this.#acquire(sel)
     return sel as Route & { mode: M }
@@ -124,7 +129,7 @@ export class Admission {
   /** A route with acquired slots; undefined when all are full; an error when none can serve. */
   #tryAcquire(req: AdmissionRequest): Route | Error | undefined {
     const { registry, pairing, random, cap } = this.#o
-    const sel = selectRoute(registry.snapshot(), req.model, pairing, random, { cap })
+    const sel = selectRoute(registry.snapshot(), req.model, pairing, random, { cap, ...this.#blocked() })
     if (!sel) return new RTR_ERR_NO_INSTANCE(req.model)
     req.onMode(sel.mode === 'full' ? sel.of : sel.mode)
     if (sel.mode === 'full') return undefined
@@ -132,10 +137,16 @@ export class Admission {
     return sel
   }
 
+  #blocked(): { blocked?: (prefill: string, decode: string) => boolean } {
+    const pairs = this.#o.pairs
+    return pairs ? { blocked: (p, d) => pairs.blocked(p, d) } : {}
+  }
+
   #acquire(route: Route): void {
     if (route.mode === 'pd') {
       this.#o.registry.acquire(route.prefill.id)
       this.#o.registry.acquire(route.decode.id)
+      this.#o.pairs?.chosen(route.prefill.id, route.decode.id)
     } else {
       this.#o.registry.acquire(route.target.id)
     }

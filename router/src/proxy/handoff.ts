@@ -26,6 +26,8 @@ export interface HandoffDeps {
   timeouts: HandoffTimeouts
   /** A lease that lapsed before the decode leg: prefill once more, or fail the request. */
   onLapsed: 'reprefill' | 'fail'
+  /** Pair circuit breakers, fed by the decode leg's answer (a KV-load failure is D's 5xx). */
+  pairs?: { recordFailure(prefill: string, decode: string): void; recordSuccess(prefill: string, decode: string): void }
   upstreamApiKey?: string
 }
 
@@ -92,6 +94,13 @@ export class HandoffRunner {
     }
     const answer = await this.#decode(ex, h, pd, pd.decode, decodeBody(body, prefilled.params), path, headers)
     metrics.handoffGap.observe((clock.monotonic() - prefillDone) / 1000)
+    if (prefilled.params && answer.kind === 'upstream') {
+      // vLLM answers a failed KV load with 500 (kv_load_failure_policy=fail); such failures
+      // are often the pair's, not either engine's. A streamed answer has its 200 already.
+      const status = answer.answer.res.statusCode
+      if (status >= 500) this.#d.pairs?.recordFailure(pd.prefill.id, answer.call.target.id)
+      else if (status < 400) this.#d.pairs?.recordSuccess(pd.prefill.id, answer.call.target.id)
+    }
     return answer
   }
 

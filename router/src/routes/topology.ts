@@ -3,13 +3,15 @@ import type { PairingPolicy } from '../topology/selection.js'
 import { paired } from '../topology/selection.js'
 import type { TopologyRegistry } from '../topology/registry.js'
 import type { RouterEvents } from '../events/router-events.js'
+import type { PairBreakers } from '../topology/pair-breakers.js'
 
 /**
  * `GET /topology` (admin-guarded: it names internal addresses): every instance with its
- * role, state, engine_id, load and agents; which decoders may read from which prefillers;
+ * role, state, engine_id, load and agents; which decoders may read from which prefillers
+ * (and which pairs rest after KV-load failures);
  * and where the event log stands. A read of the registry's snapshot, nothing more.
  */
-export const topologyRoutes: FastifyPluginAsync<{ registry: TopologyRegistry; events: RouterEvents; pairing: PairingPolicy }> = async (app, opts) => {
+export const topologyRoutes: FastifyPluginAsync<{ registry: TopologyRegistry; events: RouterEvents; pairing: PairingPolicy; pairs: PairBreakers }> = async (app, opts) => {
   app.get('/topology', async () => {
     const snap = opts.registry.snapshot()
     const agents = opts.events.agents.all()
@@ -32,7 +34,7 @@ export const topologyRoutes: FastifyPluginAsync<{ registry: TopologyRegistry; ev
     for (const p of prefillers) for (const d of decoders) if (p.id !== d.id && paired(p, d, opts.pairing)) pairs.push([p.id, d.id])
     return {
       instances,
-      pairing: { ...opts.pairing, pairs },
+      pairing: { ...opts.pairing, pairs, resting: opts.pairs.list() },
       unattachedAgents: agents.filter((a) => a.instanceId === undefined).map((a) => ({ agentId: a.agentId, engineId: a.engineId, peerAddress: a.peerAddress })),
       events: { first: opts.events.log.first, last: opts.events.log.last },
     }

@@ -147,6 +147,7 @@ export async function buildApp(deps: RouterDeps): Promise<FastifyInstance> {
     registry,
     logger: app.log.child({ component: 'events' }),
     metrics: { events: metrics.events },
+    addInstances: config.agentToken !== undefined,
   })
   const engineNotifier = new EngineNotifier({
     log: events.log,

@@ -48,3 +48,31 @@ t.test('control endpoints are off without an admin token', async (t) => {
   t.equal(res.status, 403)
   t.equal(res.json<{ error: { code: string } }>().error.code, 'RTR_ERR_ADMIN_DISABLED')
 })
+
+t.test('agent self-registration brings its engine into the topology, only when agents authenticate', async (t) => {
+  const p = await startSim(t, ['--role', 'prefill'])
+  const d = await startSim(t, ['--role', 'decode'])
+  const agentAuth = { authorization: 'Bearer agent-token-123' }
+  const { url } = await startRouter(t, [{ id: 'p0', role: 'prefill', url: p.url }], { adminToken: ADMIN, agentToken: 'agent-token-123' })
+  t.equal((await post(`${url}/v1/completions`, { model: 'handoff/sim-1', prompt: 'x', max_tokens: 2 })).status, 503, 'no decoder yet')
+  const reg = await post(`${url}/v1/agents`, { agentId: 'agent-d', engineId: 'eng-d', role: 'decode', agentUrl: 'http://127.0.0.1:7602', engineUrl: d.url }, agentAuth)
+  const port = new URL(d.url).port
+  t.match(reg.json(), { instanceId: `decode:127.0.0.1:${port}` })
+  const topo = (await get(`${url}/topology`, auth)).json<{ instances: { id: string; source: string; engineId: string }[] }>()
+  t.match(
+    topo.instances.map((i) => [i.id, i.source, i.engineId]),
+    [
+      ['p0', 'config', null],
+      [`decode:127.0.0.1:${port}`, 'agent', 'eng-d'],
+    ],
+  )
+  const r = await post(`${url}/v1/completions`, { model: 'handoff/sim-1', prompt: 'routed through the added decoder', max_tokens: 2 })
+  t.equal(r.status, 200, 'requests now reach the engine its agent brought in')
+
+  const open = await startRouter(t, [{ id: 'p0', role: 'prefill', url: p.url }], { adminToken: ADMIN })
+  const unauth = await post(`${open.url}/v1/agents`, { agentId: 'agent-d', engineId: 'eng-d', role: 'decode', agentUrl: 'http://127.0.0.1:7602', engineUrl: d.url })
+  t.match(unauth.json(), { instanceId: null }, 'without an agent token the router never adds an address it was handed')
+  const openTopo = (await get(`${open.url}/topology`, auth)).json<{ instances: unknown[]; unattachedAgents: { agentId: string }[] }>()
+  t.equal(openTopo.instances.length, 1)
+  t.match(openTopo.unattachedAgents, [{ agentId: 'agent-d' }])
+})

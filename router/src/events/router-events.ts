@@ -46,7 +46,18 @@ export class RouterEvents {
    */
   readonly #known = new Set<string>()
 
-  constructor(opts: { log: EventLog; agents: AgentDirectory; registry: TopologyRegistry; logger: EventsLogger; metrics?: RouterEventsMetrics }) {
+  /** Whether an agent naming an engine URL the topology lacks adds that engine (agent token only). */
+  readonly #addInstances: boolean
+
+  constructor(opts: {
+    log: EventLog
+    agents: AgentDirectory
+    registry: TopologyRegistry
+    logger: EventsLogger
+    metrics?: RouterEventsMetrics
+    addInstances?: boolean
+  }) {
+    this.#addInstances = opts.addInstances ?? false
     this.log = opts.log
     this.agents = opts.agents
     this.#registry = opts.registry
@@ -85,7 +96,7 @@ export class RouterEvents {
 
   /** An agent's registration: records it, ties it to its instance, and reports what it replaced. */
   registerAgent(reg: AgentRegistration): AgentRecord {
-    const instance = reg.engineUrl ? this.#instanceByUrl(reg.engineUrl) : undefined
+    const instance = reg.engineUrl ? (this.#instanceByUrl(reg.engineUrl) ?? this.#addInstance(reg)) : undefined
     const { record, gone } = this.agents.register(reg, instance)
     this.#known.add(reg.engineId)
     for (const g of gone) this.peerGone({ engineIds: [g.engineId], addresses: [] }, `${g.reason}: agent ${reg.agentId} at ${g.peerAddress}`)
@@ -151,6 +162,21 @@ export class RouterEvents {
       if (inst.engineId && new URL(inst.url).host === address) ids.add(inst.engineId)
     }
     return [...ids]
+  }
+
+  /**
+   * Self-registration (DESIGN "Topology"): an agent whose engine the topology lacks brings it
+   * in, under the id `<role>:<host>:<port>`. Only when agents authenticate (agentToken): the
+   * router must never dial an address an unauthenticated caller handed it.
+   */
+  #addInstance(reg: AgentRegistration): string | undefined {
+    if (!this.#addInstances || !reg.engineUrl) return undefined
+    const url = new URL(reg.engineUrl)
+    const id = `${reg.role}:${url.hostname}:${url.port || (url.protocol === 'https:' ? '443' : '80')}`.replace(/[^A-Za-z0-9._:-]/g, '_')
+    if (this.#registry.has(id)) return undefined
+    this.#registry.add({ id, role: reg.role, url: url.origin }, 'agent')
+    this.#logger.info({ instance: id, url: url.origin, agentId: reg.agentId }, 'instance added by its agent')
+    return id
   }
 
   #instanceByUrl(url: string): string | undefined {

@@ -18,6 +18,7 @@ export const topologyRoutes: FastifyPluginAsync<{ registry: TopologyRegistry; ev
     const instances = snap.instances.map((i) => ({
       id: i.id,
       role: i.role,
+      source: i.source,
       url: i.url,
       engineId: i.engineId ?? null,
       state: i.draining ? 'draining' : i.healthy ? 'ready' : 'unhealthy',

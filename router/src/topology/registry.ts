@@ -27,9 +27,13 @@ export type TopologyChange =
 export type TopologyListener = (change: TopologyChange) => void
 
 /** An immutable view of one instance, as selection sees it. */
+/** Where an instance came from: the config file, an autoscaler call, or its agent's registration. */
+export type InstanceSource = 'config' | 'admin' | 'agent'
+
 export interface InstanceView {
   readonly id: string
   readonly role: InstanceRole
+  readonly source: InstanceSource
   readonly url: string
   readonly labels: Readonly<Record<string, string>>
   readonly engineId: string | undefined
@@ -50,6 +54,7 @@ export interface TopologySnapshot {
 interface InstanceState {
   id: string
   role: InstanceRole
+  source: InstanceSource
   url: string
   // Frozen once and shared by every snapshot; replaced, never mutated.
   labels: Readonly<Record<string, string>>
@@ -91,7 +96,7 @@ export class TopologyRegistry {
     if (opts.policy.unhealthyThreshold < 1) throw new RangeError('unhealthyThreshold must be >= 1')
     this.#clock = opts.clock
     this.#policy = opts.policy
-    for (const cfg of opts.instances) this.#add(cfg)
+    for (const cfg of opts.instances) this.#add(cfg, 'config')
   }
 
   has(id: string): boolean {
@@ -102,8 +107,8 @@ export class TopologyRegistry {
    * An instance joins at runtime (the autoscaler's POST /admin/instances): unprobed, so
    * eligible at once, until its first probe says otherwise. Throws on a duplicate id.
    */
-  add(cfg: InstanceConfig): void {
-    this.#add(cfg)
+  add(cfg: InstanceConfig, source: Exclude<InstanceSource, 'config'> = 'admin'): void {
+    this.#add(cfg, source)
     this.#emit({ type: 'added', instanceId: cfg.id, role: cfg.role })
   }
 
@@ -120,11 +125,12 @@ export class TopologyRegistry {
     return true
   }
 
-  #add(cfg: InstanceConfig): void {
+  #add(cfg: InstanceConfig, source: InstanceSource): void {
     if (this.#instances.has(cfg.id)) throw new Error(`duplicate instance id ${cfg.id}`)
     this.#instances.set(cfg.id, {
       id: cfg.id,
       role: cfg.role,
+      source,
       url: new URL(cfg.url).origin,
       labels: Object.freeze({ ...(cfg.labels ?? {}) }),
       engineId: undefined,
@@ -279,6 +285,7 @@ export class TopologyRegistry {
         Object.freeze({
           id: s.id,
           role: s.role,
+          source: s.source,
           url: s.url,
           labels: s.labels,
           engineId: s.engineId,

@@ -1,8 +1,11 @@
+import { setFlagsFromString } from 'node:v8'
+import { runInNewContext } from 'node:vm'
 import { parseArgs } from 'node:util'
 import { request } from 'undici'
 import { ManualClock } from '../common/clock.js'
 import { seededRandom } from '../common/random.js'
 import { buildApp } from '../router/src/app.js'
+import { MemoryLeaseLedger } from '../router/src/leases/memory-ledger.js'
 import { loadConfig } from '../router/src/config.js'
 import { TopologyRegistry } from '../router/src/topology/registry.js'
 import { selectRoute } from '../router/src/topology/selection.js'
@@ -15,6 +18,7 @@ import type { InstanceConfig, RouterConfig } from '../schemas/router-config.js'
  *   declares it gone with POST /fault_tolerance/event; the time from sending that call to each
  *   stream receiving the event is one sample.
  * - Selection: selectRoute over a 1,000-instance snapshot (the pure function every request runs).
+ * - Ledger memory: the heap that 100,000 unread leases take in the in-memory ledger.
  */
 
 const ADMIN = 'bench-admin-token'
@@ -114,6 +118,34 @@ function selection(instances: number, iterations: number): string {
   return rows.join('\n')
 }
 
+/** Heap bytes per unread lease with `count` of them held (a forced GC before each reading). */
+function ledgerMemory(count: number): string {
+  setFlagsFromString('--expose-gc')
+  const gc = runInNewContext('gc') as () => void
+  const clock = new ManualClock()
+  gc()
+  const before = process.memoryUsage().heapUsed
+  const ledger = new MemoryLeaseLedger({ clock, leaseSeconds: 30, marginMs: 1000, retentionMs: 60_000, maxEntries: count })
+  for (let i = 0; i < count; i++) {
+    // Ids shaped like the real ones: hnd-<24 hex>, vLLM's cmpl-<id>-<8 hex>, a uuid client id.
+    const id = `hnd-${i.toString(16).padStart(24, '0')}`
+    ledger.issue({
+      requestId: id,
+      clientRequestId: `${i.toString(16).padStart(8, '0')}-4f6a-4c2e-9b1d-5a3e2f1c0d9b`,
+      prefill: `prefill-${i % 16}`,
+      decode: `decode-${i % 16}`,
+      engineId: `sim-${(i % 16).toString(16).padStart(16, '0')}`,
+      remoteRequestId: `cmpl-${id}-${(i * 2654435761 >>> 0).toString(16).padStart(8, '0')}`,
+      issuedAt: clock.now(),
+    })
+  }
+  gc()
+  const after = process.memoryUsage().heapUsed
+  if (ledger.size !== count) throw new Error(`ledger holds ${ledger.size} of ${count}`)
+  const mib = (after - before) / 2 ** 20
+  return `| ${count.toLocaleString('en-US')} | ${mib.toFixed(1)} | ${Math.round((after - before) / count)} |`
+}
+
 export async function runEventsBench(argv: string[]): Promise<void> {
   const { values } = parseArgs({ args: argv, options: { quick: { type: 'boolean' }, help: { type: 'boolean' } } })
   if (values.help) {
@@ -128,5 +160,7 @@ export async function runEventsBench(argv: string[]): Promise<void> {
   }
   lines.push('', '| instances | pairing | selections | µs per selection (snapshot + selectRoute) |', '| ---: | --- | ---: | ---: |')
   lines.push(selection(1000, values.quick ? 200 : 5000))
+  lines.push('', '| unread leases | heap MiB | bytes per lease |', '| ---: | ---: | ---: |')
+  lines.push(ledgerMemory(values.quick ? 10_000 : 100_000))
   process.stdout.write(lines.join('\n') + '\n')
 }

@@ -246,7 +246,8 @@ export async function buildApp(deps: RouterDeps): Promise<FastifyInstance> {
       // After the response's own bytes are flushed; 'close' fires once the socket is done with it.
       if (closing) setImmediate(closeConnectionsIfDrained)
     })
-    if (closing) {
+    // While closing, agents may still acknowledge events (the streams wait for them).
+    if (closing && !(req.method === 'POST' && req.url.startsWith('/v1/agents/') && req.url.endsWith('/acks'))) {
       reply.header('connection', 'close')
       throw new RTR_ERR_SHUTTING_DOWN()
     }
@@ -306,7 +307,12 @@ export async function buildApp(deps: RouterDeps): Promise<FastifyInstance> {
   })
 
   // Agents: registration, event streams, acks (the agent token, when set).
-  await app.register(agentStreamRoutes, { events, agentToken: config.agentToken, keepAliveMs: config.events.keepAliveMs })
+  await app.register(agentStreamRoutes, {
+    events,
+    agentToken: config.agentToken,
+    keepAliveMs: config.events.keepAliveMs,
+    drainMs: Math.min(config.shutdownGraceMs, 5000),
+  })
   // Control plane: the admin token, always; without one configured the endpoints are off.
   await app.register(async (admin) => {
     const check = bearerChecker(config.adminToken ? [config.adminToken] : [])

@@ -157,6 +157,20 @@ export class EventLog {
     return lo
   }
 
+  /** Held events still waiting for an acknowledgement from one of `agents`. */
+  undelivered(agents: ReadonlySet<string>): number {
+    let n = 0
+    for (const e of this.#entries) {
+      for (const a of e.waiting) {
+        if (agents.has(a)) {
+          n++
+          break
+        }
+      }
+    }
+    return n
+  }
+
   acked(agentId: string): number {
     return this.#acks.get(agentId) ?? 0
   }

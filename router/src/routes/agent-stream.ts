@@ -18,6 +18,8 @@ export interface AgentStreamOptions {
   events: RouterEvents
   agentToken: string | undefined
   keepAliveMs: number
+  /** On close, how long to wait for connected agents to acknowledge what was logged, ms. */
+  drainMs?: number
 }
 
 const digits = { type: 'string', pattern: '^[0-9]{1,15}$' } as const
@@ -41,6 +43,14 @@ export const agentStreamRoutes: FastifyPluginAsync<AgentStreamOptions> = async (
   // wait on their connections (fastify only closes idle ones). The agents reconnect.
   const open = new Set<ServerResponse>()
   app.addHook('preClose', async () => {
+    // A graceful close loses no event a connected agent can still take: wait (bounded) until
+    // every agent with an open stream has acknowledged everything logged for it. The log is
+    // in memory; what a crash loses is issue 10's (Redis) to keep.
+    const connected = new Set(events.agents.all().filter((a) => a.streams > 0).map((a) => a.agentId))
+    const until = Date.now() + (opts.drainMs ?? 5000)
+    while (connected.size > 0 && events.log.undelivered(connected) > 0 && Date.now() < until) {
+      await new Promise((resolve) => setTimeout(resolve, 20))
+    }
     for (const res of open) res.end()
   })
   const check = bearerChecker(opts.agentToken ? [opts.agentToken] : [])

@@ -165,6 +165,10 @@ t.test('the event stream: replay after N, a snapshot behind retention, live even
   t.equal(res.headers['content-type'], 'text/event-stream')
   const text = res.body.text()
   await new Promise((r) => setTimeout(r, 300)) // a few keep-alive periods
+  // An agent that applied everything logged: the close need not wait for it
+  // (test/router/graceful-events.test.ts covers one that has not yet).
+  const ack = await request(`${url}/v1/agents/a1/acks`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: '{"seq":4}' })
+  await ack.body.dump()
   const started = performance.now()
   await app.close()
   t.ok(performance.now() - started < 2000, `closed in ${Math.round(performance.now() - started)} ms with a stream open`)

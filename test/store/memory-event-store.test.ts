@@ -1,4 +1,5 @@
 import t from 'tap'
+import { ManualClock } from '../../common/clock.js'
 import { MemoryEventStore } from '../../router/src/store/event-store.js'
 import { eventStoreContract } from './event-store.contract.js'
 
@@ -9,6 +10,5 @@ eventStoreContract(t, {
 })
 
 t.test('an explicit id names the log', async (t) => {
-  const { ManualClock } = await import('../../common/clock.js')
   t.equal(new MemoryEventStore({ clock: new ManualClock(), id: 'fixed' }).id, 'fixed')
 })

@@ -88,7 +88,7 @@ export class RedisEventStore implements EventStore {
   readonly #opts: RedisEventStoreOptions
   readonly #retention: number
   readonly #goneTtlMs: number
-  readonly #keys: { stream: string; seq: string; id: string; gone: string; waiting: string; acks: string }
+  readonly #keys: { stream: string; seq: string; gone: string; waiting: string; acks: string }
   readonly #listeners = new Set<EventListener>()
   #cursor: number
   #closed = false
@@ -97,6 +97,7 @@ export class RedisEventStore implements EventStore {
   /** Opens (or joins) the log: names it if nobody has, and starts the live reader after the last sequence. */
   static async open(opts: RedisEventStoreOptions): Promise<RedisEventStore> {
     const prefix = opts.prefix ?? 'handoff:'
+    checkRetention(opts.retention)
     await opts.redis.set(`${prefix}events:id`, randomUUID(), 'NX')
     const [id, last] = await Promise.all([opts.redis.get(`${prefix}events:id`), opts.redis.get(`${prefix}events:seq`)])
     const store = new RedisEventStore(opts, prefix, id as string, Number(last ?? 0))
@@ -106,9 +107,8 @@ export class RedisEventStore implements EventStore {
 
   private constructor(opts: RedisEventStoreOptions, prefix: string, id: string, cursor: number) {
     this.#opts = opts
-    this.#retention = opts.retention ?? 10_000
+    this.#retention = checkRetention(opts.retention)
     this.#goneTtlMs = opts.goneTtlMs ?? 10 * 60_000
-    if (!(Number.isInteger(this.#retention) && this.#retention > 0)) throw new RangeError(`retention must be a positive integer, got ${this.#retention}`)
     this.#redis = opts.redis
     this.#reader = opts.redis.duplicate()
     this.id = id
@@ -116,7 +116,6 @@ export class RedisEventStore implements EventStore {
     this.#keys = {
       stream: `${prefix}events`,
       seq: `${prefix}events:seq`,
-      id: `${prefix}events:id`,
       gone: `${prefix}events:gone`,
       waiting: `${prefix}events:waiting:`,
       acks: `${prefix}acks`,
@@ -294,6 +293,11 @@ export class RedisEventStore implements EventStore {
   #goneIds(now: number): Promise<string[]> {
     return this.#redis.zrangebyscore(this.#keys.gone, `(${now - this.#goneTtlMs}`, '+inf')
   }
+}
+
+function checkRetention(retention = 10_000): number {
+  if (!(Number.isInteger(retention) && retention > 0)) throw new RangeError(`retention must be a positive integer, got ${retention}`)
+  return retention
 }
 
 function seqOf(id: string): number {

@@ -1,0 +1,122 @@
+import type { Clock } from '../../../common/clock.js'
+import type { PeerGoneEvent, RouterEvent, SnapshotEvent } from '../../../schemas/events.js'
+import { type Delivery, type EventInput, EventLog, type LoggedEvent } from '../events/event-log.js'
+
+/**
+ * The store seam for the router's event log (DESIGN "State store", issue 10): the same
+ * contract as the in-memory `EventLog`, asynchronous because the Redis implementation is.
+ * Several routers on one Redis share one log: one sequence, one order, one set of acks; a
+ * restarted router keeps the log and its id, so agents resume instead of starting over.
+ * `test/store/event-store.contract.ts` is the contract both implementations pass.
+ */
+export interface EventStore {
+  /** The log's identity; agents that see another one start over from 0. Durable stores keep it across restarts. */
+  readonly id: string
+  /** The last sequence logged (0 when none). */
+  last(): Promise<number>
+  /** The oldest sequence still held (last + 1 when empty). */
+  first(): Promise<number>
+  /** Logs an event for `expected` agents; every subscriber (of every router sharing the store) sees it. */
+  append(input: EventInput, expected: readonly string[]): Promise<LoggedEvent>
+  /** The events after `after`, a snapshot first when some of them are no longer held. */
+  since(after: number): Promise<RouterEvent[]>
+  /** Every engine_id still remembered as gone; its seq is the one just before the oldest held. */
+  snapshot(): Promise<SnapshotEvent>
+  /** Whether `engineId` was declared gone within goneTtlMs. */
+  isGone(engineId: string): Promise<boolean>
+  /** The latest held peer_gone naming every one of `engineIds`. */
+  lastPeerGone(engineIds: readonly string[]): Promise<PeerGoneEvent | undefined>
+  /** `agentId` applied everything up to `seq` (ignored past the last sequence or below an earlier ack). */
+  ack(agentId: string, seq: number): Promise<void>
+  acked(agentId: string): Promise<number>
+  delivery(seq: number): Promise<Delivery | undefined>
+  /** Held events still waiting for an acknowledgement from one of `agents`. */
+  undelivered(agents: ReadonlySet<string>): Promise<number>
+  /**
+   * Live events, in sequence order, each once per listener: every event logged after this
+   * call returns is delivered (an event logged before it may be too; callers that replay
+   * with `since` drop repeats by seq). A listener that fell behind retention gets a snapshot
+   * in place of what it missed.
+   */
+  subscribe(listener: EventListener): () => void
+  /** Stops live delivery and releases what the store opened (not clients it was given). */
+  close(): Promise<void>
+}
+
+export type EventListener = (event: LoggedEvent | SnapshotEvent) => void
+
+export interface EventStoreOptions {
+  clock: Clock
+  /** Events kept for resuming agents (default 10,000). */
+  retention?: number
+  /** How long a gone engine_id stays in snapshots, ms (default 10 min, the agents' tombstone). */
+  goneTtlMs?: number
+  /**
+   * Called once per event when its last expected agent acknowledged it (delivery metrics);
+   * with a shared store, by the router that took that ack.
+   */
+  onDelivered?: (event: LoggedEvent, ms: number) => void
+}
+
+/** The zero-install default for one router: `EventLog` behind the async seam. */
+export class MemoryEventStore implements EventStore {
+  readonly #log: EventLog
+
+  constructor(opts: EventStoreOptions & { id?: string }) {
+    this.#log = new EventLog(opts)
+  }
+
+  get id(): string {
+    return this.#log.id
+  }
+
+  async last(): Promise<number> {
+    return this.#log.last
+  }
+
+  async first(): Promise<number> {
+    return this.#log.first
+  }
+
+  async append(input: EventInput, expected: readonly string[]): Promise<LoggedEvent> {
+    return this.#log.append(input, expected)
+  }
+
+  async since(after: number): Promise<RouterEvent[]> {
+    return this.#log.since(after)
+  }
+
+  async snapshot(): Promise<SnapshotEvent> {
+    return this.#log.snapshot()
+  }
+
+  async isGone(engineId: string): Promise<boolean> {
+    return this.#log.isGone(engineId)
+  }
+
+  async lastPeerGone(engineIds: readonly string[]): Promise<PeerGoneEvent | undefined> {
+    return this.#log.lastPeerGone(engineIds)
+  }
+
+  async ack(agentId: string, seq: number): Promise<void> {
+    this.#log.ack(agentId, seq)
+  }
+
+  async acked(agentId: string): Promise<number> {
+    return this.#log.acked(agentId)
+  }
+
+  async delivery(seq: number): Promise<Delivery | undefined> {
+    return this.#log.delivery(seq)
+  }
+
+  async undelivered(agents: ReadonlySet<string>): Promise<number> {
+    return this.#log.undelivered(agents)
+  }
+
+  subscribe(listener: EventListener): () => void {
+    return this.#log.subscribe(listener)
+  }
+
+  async close(): Promise<void> {}
+}

@@ -1,0 +1,78 @@
+import { type ChildProcess, spawn } from 'node:child_process'
+import { createServer, connect } from 'node:net'
+import { setTimeout as sleep } from 'node:timers/promises'
+import type { Teardown } from './cluster.js'
+
+/**
+ * A real `redis-server` on a free loopback port, nothing persisted, killed when the test
+ * ends (issue 10: nothing is mocked). Debian's package; `.ci/run` installs it.
+ */
+export interface LocalRedis {
+  port: number
+  url: string
+  /** Kills the server now (a Redis outage); `start` brings one back on the same port, empty. */
+  stop(): Promise<void>
+  start(): Promise<void>
+}
+
+export async function startRedis(t: Teardown): Promise<LocalRedis> {
+  const port = await freePort()
+  let child: ChildProcess | undefined
+  const stop = async (): Promise<void> => {
+    const c = child
+    child = undefined
+    if (!c || c.exitCode !== null) return
+    const exited = new Promise((resolve) => c.once('exit', resolve))
+    c.kill('SIGKILL')
+    await exited
+  }
+  const start = async (): Promise<void> => {
+    const c = spawn('redis-server', ['--port', String(port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no'], { stdio: ['ignore', 'ignore', 'pipe'] })
+    child = c
+    let stderr = ''
+    c.stderr?.on('data', (d: Buffer) => (stderr += d.toString()))
+    const failed = new Promise<never>((_, reject) => {
+      c.once('error', reject)
+      c.once('exit', (code) => reject(new Error(`redis-server exited with ${code}: ${stderr}`)))
+    })
+    failed.catch(() => {})
+    const deadline = Date.now() + 10_000
+    while (!(await Promise.race([ping(port), failed]))) {
+      if (Date.now() > deadline) throw new Error(`redis-server on port ${port} did not answer PING`)
+      await sleep(25)
+    }
+  }
+  await start()
+  t.teardown(stop)
+  return { port, url: `redis://127.0.0.1:${port}`, stop, start }
+}
+
+function freePort(): Promise<number> {
+  return new Promise((resolve, reject) => {
+    const srv = createServer()
+    srv.once('error', reject)
+    srv.listen(0, '127.0.0.1', () => {
+      const { port } = srv.address() as { port: number }
+      srv.close(() => resolve(port))
+    })
+  })
+}
+
+/** One raw PING; true on +PONG. */
+function ping(port: number): Promise<boolean> {
+  return new Promise((resolve) => {
+    const sock = connect(port, '127.0.0.1')
+    let data = ''
+    const done = (ok: boolean): void => {
+      sock.destroy()
+      resolve(ok)
+    }
+    sock.setTimeout(500, () => done(false))
+    sock.once('error', () => done(false))
+    sock.on('data', (d) => {
+      data += d.toString()
+      if (data.includes('\r\n')) done(data.startsWith('+PONG'))
+    })
+    sock.write('PING\r\n')
+  })
+}

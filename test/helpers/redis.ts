@@ -1,7 +1,24 @@
-import { type ChildProcess, spawn } from 'node:child_process'
-import { createServer, connect } from 'node:net'
+import { type ChildProcess, spawn, spawnSync } from 'node:child_process'
+import { connect } from 'node:net'
 import { setTimeout as sleep } from 'node:timers/promises'
+import { freePort } from '../../common/ports.js'
 import type { Teardown } from './cluster.js'
+
+const ci = process.env.CI === 'true' || process.env.CI === '1'
+
+/**
+ * tap's `skip` for tests that need Redis: the reason on a machine without `redis-server`,
+ * false when it is there. Under CI a missing Redis is a failure, never a skip.
+ */
+export function needRedis(t: { fail(message: string): void }): string | false {
+  if (spawnSync('redis-server', ['--version'], { stdio: 'ignore' }).status === 0) return false
+  const reason = 'redis-server not found (Debian: apt-get install redis-server)'
+  if (ci) {
+    t.fail(`${reason}; CI=true requires it`)
+    return false
+  }
+  return reason
+}
 
 /**
  * A real `redis-server` on a free loopback port, nothing persisted, killed when the test
@@ -45,17 +62,6 @@ export async function startRedis(t: Teardown): Promise<LocalRedis> {
   await start()
   t.teardown(stop)
   return { port, url: `redis://127.0.0.1:${port}`, stop, start }
-}
-
-function freePort(): Promise<number> {
-  return new Promise((resolve, reject) => {
-    const srv = createServer()
-    srv.once('error', reject)
-    srv.listen(0, '127.0.0.1', () => {
-      const { port } = srv.address() as { port: number }
-      srv.close(() => resolve(port))
-    })
-  })
 }
 
 /** One raw PING; true on +PONG. */

@@ -211,12 +211,23 @@ t.test('heartbeats reach P during a slow READ (tcp, 32 MiB)', { skip }, async (t
   t.equal(pull.status, 200, JSON.stringify(pull.body))
   t.ok(ids.every((i) => sameBytes(dr.block(i), pr.block(i))), 'all 32 MiB arrived')
   const sent = await D.metric('handoff_agent_heartbeats_total', { outcome: 'ok' })
-  const received = await P.metric('handoff_agent_heartbeats_received_total', { result: 'extended' })
-  t.comment(`READ ${Math.round(pull.body.readMicros / 1000)} ms; heartbeats sent ${sent}, extended on P ${received}`)
   if (sent === 0) {
     t.comment('the READ finished before the first heartbeat was due: nothing to check')
     return
   }
-  t.ok(received > 0, 'P extended the lease on a heartbeat')
-  t.ok(received <= sent, 'never more extensions than heartbeats sent')
+  // Notifications are asynchronous: every heartbeat sent reaches P, a little later. One that
+  // lands after the READ's read-done notification finds the lease ended ("unknown"), which is
+  // the protocol's own race (no acknowledgement), not a lost heartbeat.
+  const reached = async (): Promise<{ extended: number; unknown: number }> => ({
+    extended: await P.metric('handoff_agent_heartbeats_received_total', { result: 'extended' }),
+    unknown: await P.metric('handoff_agent_heartbeats_received_total', { result: 'unknown' }),
+  })
+  let got = await reached()
+  for (let i = 0; i < 60 && got.extended + got.unknown < sent; i++) {
+    await new Promise((resolve) => setTimeout(resolve, 50))
+    got = await reached()
+  }
+  t.comment(`READ ${Math.round(pull.body.readMicros / 1000)} ms; heartbeats sent ${sent}, on P: ${got.extended} extended the lease, ${got.unknown} came after it ended`)
+  t.equal(got.extended + got.unknown, sent, 'every heartbeat sent reached P')
+  t.ok(got.extended <= sent, 'never more extensions than heartbeats sent')
 })

@@ -1,4 +1,4 @@
-import { createHash, timingSafeEqual } from 'node:crypto'
+import { bearerChecker } from '../../common/bearer.js'
 import Fastify, { type FastifyBaseLogger, type FastifyError, type FastifyInstance } from 'fastify'
 import type { Logger } from 'pino'
 import { sharedSchemas } from '../../schemas/index.js'
@@ -33,12 +33,11 @@ export function buildAgentApp(deps: AgentAppDeps): FastifyInstance {
   })
   for (const s of sharedSchemas) app.addSchema(s)
 
-  if (deps.agentToken !== undefined) {
-    const expected = createHash('sha256').update(`Bearer ${deps.agentToken}`).digest()
+  const check = bearerChecker(deps.agentToken !== undefined ? [deps.agentToken] : [])
+  if (check) {
     app.addHook('onRequest', async (request) => {
       if (!request.url.startsWith('/v1/')) return
-      const given = createHash('sha256').update(request.headers.authorization ?? '').digest()
-      if (!timingSafeEqual(given, expected)) throw xfaError('XFA_ERR_UNAUTHORIZED', 'missing or wrong agent token')
+      if (!check(request)) throw xfaError('XFA_ERR_UNAUTHORIZED', 'missing or wrong agent token')
     })
   }
 

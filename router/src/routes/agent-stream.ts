@@ -3,7 +3,7 @@ import type { FastifyPluginAsync } from 'fastify'
 import type { AgentAck, AgentRegistration } from '../../../schemas/events.js'
 import { RTR_ERR_AGENT_UNAUTHORIZED, RTR_ERR_AGENT_UNKNOWN } from '../errors.js'
 import type { RouterEvents } from '../events/router-events.js'
-import { bearerChecker } from '../plugins/auth.js'
+import { bearerChecker } from '../../../common/bearer.js'
 
 /**
  * The agents' side of the event log (DESIGN "Events"):

@@ -1,11 +1,15 @@
 import { createHash, timingSafeEqual } from 'node:crypto'
-import type { FastifyRequest } from 'fastify'
+
+/** What the check reads of a request (fastify's and node's requests both fit). */
+export interface WithAuthorization {
+  headers: { authorization?: string | undefined }
+}
 
 /**
- * Bearer-key check with constant-time comparison. Keys are compared as SHA-256 digests so
+ * Bearer-key check with constant-time comparison, shared by the router and the agent. Keys are compared as SHA-256 digests so
  * neither the content nor the length of a configured key leaks through timing.
  */
-export function bearerChecker(keys: readonly string[]): ((req: FastifyRequest) => boolean) | undefined {
+export function bearerChecker(keys: readonly string[]): ((req: WithAuthorization) => boolean) | undefined {
   if (keys.length === 0) return undefined
   const digests = keys.map((k) => createHash('sha256').update(k).digest())
   return (req) => {

@@ -150,6 +150,24 @@ export const RouterConfig = Type.Object(
       },
       { default: {}, additionalProperties: false },
     ),
+    // Where shared state lives (docs/several-routers.md). `memory`: this process, one router.
+    // `redis`: several routers on one Redis share the event log, topology, agent directory and
+    // lease records; one of them probes (the prober leader, a lock with a TTL and a fencing token).
+    store: Type.Object(
+      {
+        kind: Type.Union([Type.Literal('memory'), Type.Literal('redis')], { default: 'memory' }),
+        // redis://[:password@]host:port[/db] or rediss://…; required with kind redis.
+        url: Type.Optional(Type.String({ pattern: '^rediss?://' })),
+        // Every key this router writes starts with it: several fleets can share one Redis.
+        prefix: Type.String({ minLength: 1, maxLength: 64, pattern: '^[A-Za-z0-9._:-]+$', default: 'handoff:' }),
+        // A replica is alive while its membership entry is renewed (every third of this); the
+        // prober leader's lock lives as long. A replica that stops renewing is gone after it.
+        memberTtlMs: Type.Integer({ minimum: 300, maximum: 60000, default: 3000 }),
+        // Redis commands that take longer fail, and the store counts as unreachable.
+        commandTimeoutMs: Type.Integer({ minimum: 10, maximum: 60000, default: 1000 }),
+      },
+      { default: {}, additionalProperties: false },
+    ),
     // Sent as `Authorization: Bearer …` to engines started with `--api-key`.
     upstreamApiKey: Type.Optional(Type.String({ minLength: 1 })),
     shutdownGraceMs: Type.Integer({ minimum: 0, default: 30000 }),

@@ -8,12 +8,13 @@ import { RTR_ERR_CONFIG } from './errors.js'
  * defaults. The result is validated against RouterConfig and deep-frozen.
  *
  * Env: HANDOFF_HOST, HANDOFF_PORT, HANDOFF_LOG_LEVEL, HANDOFF_API_KEYS (comma-separated),
- * HANDOFF_ADMIN_TOKEN, HANDOFF_AGENT_TOKEN, HANDOFF_UPSTREAM_API_KEY, HANDOFF_INSTANCES (JSON array).
+ * HANDOFF_ADMIN_TOKEN, HANDOFF_AGENT_TOKEN, HANDOFF_UPSTREAM_API_KEY, HANDOFF_INSTANCES (JSON array),
+ * HANDOFF_STORE (`memory` or a redis:// URL).
  */
 export interface ConfigSources {
   file?: string
   env?: NodeJS.ProcessEnv
-  overrides?: Partial<Pick<RouterConfig, 'host' | 'port' | 'logLevel'>>
+  overrides?: Partial<Pick<RouterConfig, 'host' | 'port' | 'logLevel'>> & { store?: string }
 }
 
 function readFile(file: string): Record<string, unknown> {
@@ -44,6 +45,7 @@ function fromEnv(env: NodeJS.ProcessEnv): Record<string, unknown> {
   if (env.HANDOFF_ADMIN_TOKEN) out.adminToken = env.HANDOFF_ADMIN_TOKEN
   if (env.HANDOFF_AGENT_TOKEN) out.agentToken = env.HANDOFF_AGENT_TOKEN
   if (env.HANDOFF_UPSTREAM_API_KEY) out.upstreamApiKey = env.HANDOFF_UPSTREAM_API_KEY
+  if (env.HANDOFF_STORE) out.store = storeFrom(env.HANDOFF_STORE)
   if (env.HANDOFF_INSTANCES) {
     try {
       out.instances = JSON.parse(env.HANDOFF_INSTANCES)
@@ -52,6 +54,13 @@ function fromEnv(env: NodeJS.ProcessEnv): Record<string, unknown> {
     }
   }
   return out
+}
+
+/** `memory`, or a redis:// URL: the shorthand of env and `--store` for `store: {kind, url}`. */
+function storeFrom(value: string): Record<string, unknown> {
+  if (value === 'memory') return { kind: 'memory' }
+  if (/^rediss?:\/\//.test(value)) return { kind: 'redis', url: value }
+  throw new RTR_ERR_CONFIG(`store must be 'memory' or a redis:// URL, got '${value}'`)
 }
 
 function deepFreeze<T>(value: T): T {
@@ -63,11 +72,17 @@ function deepFreeze<T>(value: T): T {
 }
 
 export function loadConfig(sources: ConfigSources = {}): RouterConfig {
+  const { store, ...overrides } = sources.overrides ?? {}
+  const file = sources.file ? readFile(sources.file) : {}
+  const env = fromEnv(sources.env ?? {})
   const raw: Record<string, unknown> = {
-    ...(sources.file ? readFile(sources.file) : {}),
-    ...fromEnv(sources.env ?? {}),
-    ...Object.fromEntries(Object.entries(sources.overrides ?? {}).filter(([, v]) => v !== undefined)),
+    ...file,
+    ...env,
+    ...Object.fromEntries(Object.entries(overrides).filter(([, v]) => v !== undefined)),
   }
+  // The shorthand keeps the file's other store settings (prefix, TTLs).
+  const shorthand = store !== undefined ? storeFrom(store) : (env.store as Record<string, unknown> | undefined)
+  if (shorthand) raw.store = { ...((file.store as Record<string, unknown> | undefined) ?? {}), ...shorthand }
   const validate = createAjv().getSchema('RouterConfig')
   if (!validate) throw new RTR_ERR_CONFIG('RouterConfig schema missing')
   if (!validate(raw)) throw new RTR_ERR_CONFIG(describeErrors(validate.errors))
@@ -79,6 +94,9 @@ export function loadConfig(sources: ConfigSources = {}): RouterConfig {
   }
   if (config.leases.marginMs >= config.leases.leaseSeconds * 1000) {
     throw new RTR_ERR_CONFIG(`leases.marginMs (${config.leases.marginMs}) must be below the lease (leases.leaseSeconds ${config.leases.leaseSeconds} s)`)
+  }
+  if (config.store.kind === 'redis' && config.store.url === undefined) {
+    throw new RTR_ERR_CONFIG('store.kind redis needs store.url (redis://host:port)')
   }
   return deepFreeze(config)
 }

@@ -5,11 +5,14 @@ import { buildApp } from './app.js'
 import { loadConfig } from './config.js'
 
 const HELP = `usage: handoff router [--config FILE] [--host HOST] [--port PORT] [--log-level LEVEL]
+                      [--store memory|redis://HOST:PORT]
 
 Runs the router: the OpenAI-compatible front door for a P/D cluster.
 The config file is JSON (schema: schemas/json/RouterConfig.json); env overrides:
 HANDOFF_HOST, HANDOFF_PORT, HANDOFF_LOG_LEVEL, HANDOFF_API_KEYS, HANDOFF_ADMIN_TOKEN,
-HANDOFF_UPSTREAM_API_KEY, HANDOFF_INSTANCES (JSON array of instances).
+HANDOFF_UPSTREAM_API_KEY, HANDOFF_INSTANCES (JSON array of instances), HANDOFF_STORE.
+--store redis://…  several routers on one Redis share events, topology and leases
+                   (docs/several-routers.md); memory (default) is this process alone.
 `
 
 /** `handoff router`: env → config → build → listen → close-with-grace. */
@@ -21,6 +24,7 @@ export async function main(argv: string[]): Promise<void> {
       host: { type: 'string' },
       port: { type: 'string' },
       'log-level': { type: 'string' },
+      store: { type: 'string' },
       help: { type: 'boolean', short: 'h' },
     },
   })
@@ -35,6 +39,7 @@ export async function main(argv: string[]): Promise<void> {
       ...(values.host ? { host: values.host } : {}),
       ...(values.port !== undefined ? { port: Number(values.port) } : {}),
       ...(values['log-level'] ? { logLevel: values['log-level'] as never } : {}),
+      ...(values.store ? { store: values.store } : {}),
     },
   })
   const app = await buildApp({ config })

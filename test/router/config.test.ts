@@ -66,3 +66,15 @@ t.test('the example deployment config is valid', async (t) => {
   t.equal(c.instances.length, 3)
   t.equal(c.pairing.mode, 'label')
 })
+
+t.test('store: memory by default; a redis:// URL from env or --store keeps the file\'s other store settings', async (t) => {
+  t.same(loadConfig().store, { kind: 'memory', prefix: 'handoff:', memberTtlMs: 3000, commandTimeoutMs: 1000 })
+  const f = file(JSON.stringify({ store: { kind: 'memory', prefix: 'fleet-a:' } }))
+  const fromEnv = loadConfig({ file: f, env: { HANDOFF_STORE: 'redis://127.0.0.1:6390' } })
+  t.same([fromEnv.store.kind, fromEnv.store.url, fromEnv.store.prefix], ['redis', 'redis://127.0.0.1:6390', 'fleet-a:'])
+  const fromFlag = loadConfig({ file: f, env: { HANDOFF_STORE: 'redis://127.0.0.1:6390' }, overrides: { store: 'memory' } })
+  t.same([fromFlag.store.kind, fromFlag.store.prefix], ['memory', 'fleet-a:'])
+  t.throws(() => loadConfig({ overrides: { store: 'mysql://x' } }), { code: 'RTR_ERR_CONFIG', message: /store must be 'memory' or a redis:\/\/ URL/ })
+  t.throws(() => loadConfig({ file: file('{"store":{"kind":"redis"}}') }), { code: 'RTR_ERR_CONFIG', message: /needs store.url/ })
+  t.throws(() => loadConfig({ file: file('{"store":{"kind":"redis","url":"http://x"}}') }), { code: 'RTR_ERR_CONFIG', message: /url/ })
+})

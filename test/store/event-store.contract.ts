@@ -172,6 +172,26 @@ export function eventStoreContract(t: Test, harness: EventStoreHarness): void {
     t.match(await store.lastPeerGone(['b']), { seq: 1 }, 'found past many newer events')
   })
 
+  t.test('appendPeerGone logs only engine_ids not already gone, and nothing when all were', async (t) => {
+    const clock = new ManualClock()
+    const store = await (await harness.backing(t)).open({ clock, goneTtlMs: 1000 })
+    const first = await store.appendPeerGone({ ...peerGone(['a', 'b']), addresses: ['h:1'] }, ['x'])
+    t.match(first, { seq: 1, type: 'peer_gone', engineIds: ['a', 'b'], addresses: ['h:1'], reason: 'test' })
+    const second = await store.appendPeerGone(peerGone(['b', 'c/1']), ['x'])
+    t.match(second, { seq: 2, engineIds: ['c/1'] }, 'b was gone already; an id with a slash survives the JSON round trip')
+    t.equal(await store.appendPeerGone(peerGone(['a', 'c/1']), ['x']), undefined, 'all gone: nothing logged')
+    t.equal(await store.last(), 2)
+    t.same(
+      (await store.since(0)).map((e) => (e.type === 'peer_gone' ? e.engineIds : [])),
+      [['a', 'b'], ['c/1']],
+      'the log holds what was returned',
+    )
+    t.same((await store.delivery(2))?.expected, ['x'])
+    t.ok(await store.isGone('c/1'))
+    clock.advance(1001)
+    t.match(await store.appendPeerGone(peerGone(['a']), []), { seq: 3, engineIds: ['a'] }, 'gone again once past goneTtlMs')
+  })
+
   t.test('acks and delivery', async (t) => {
     const clock = new ManualClock()
     const store = await (await harness.backing(t)).open({ clock })
@@ -247,6 +267,15 @@ export function eventStoreContract(t: Test, harness: EventStoreHarness): void {
       t.equal(await r2.acked('a'), 50, "an ack taken by one router is the other's too")
       t.same((await r2.delivery(7))?.applied, ['a'])
       t.ok(await r2.isGone('r1-3'))
+    })
+
+    t.test('two routers declaring the same engines gone at once log each engine_id once', async (t) => {
+      const backing = await harness.backing(t)
+      const [a, b] = await Promise.all([backing.open({ clock: new ManualClock() }), backing.open({ clock: new ManualClock() })])
+      const results = await Promise.all(Array.from({ length: 20 }, (_, i) => (i % 2 ? a : b).appendPeerGone(peerGone(['e1', 'e2', `e${3 + (i % 3)}`]), [])))
+      const logged = results.filter((r) => r !== undefined).flatMap((r) => r?.engineIds ?? [])
+      t.same(logged.sort(), ['e1', 'e2', 'e3', 'e4', 'e5'], 'each engine_id in exactly one event')
+      t.equal(await a.last(), results.filter((r) => r !== undefined).length)
     })
 
     t.test('a restarted store keeps the log: id, last, events, acks, gone engine_ids', async (t) => {

@@ -101,6 +101,17 @@ export class EventLog {
   }
 
   /**
+   * A `peer_gone` naming only those of `input.engineIds` not already gone; nothing is logged
+   * (undefined) when every one was. Check and append are one step, so two callers declaring
+   * the same engine gone log it once.
+   */
+  appendPeerGone(input: PeerGoneInput, expected: readonly string[]): PeerGoneEvent | undefined {
+    const fresh = input.engineIds.filter((id) => !this.isGone(id))
+    if (fresh.length === 0) return undefined
+    return this.append({ ...input, engineIds: fresh }, expected) as PeerGoneEvent
+  }
+
+  /**
    * What an agent that applied everything up to `after` needs: the events after it, with a
    * snapshot first when some of them are no longer held.
    */

@@ -1,6 +1,6 @@
 import type { Clock } from '../../../common/clock.js'
 import type { PeerGoneEvent, RouterEvent, SnapshotEvent } from '../../../schemas/events.js'
-import { type Delivery, type EventInput, EventLog, type LoggedEvent } from '../events/event-log.js'
+import { type Delivery, type EventInput, EventLog, type LoggedEvent, type PeerGoneInput } from '../events/event-log.js'
 
 /**
  * The store seam for the router's event log (DESIGN "State store", issue 10): the same
@@ -18,6 +18,11 @@ export interface EventStore {
   first(): Promise<number>
   /** Logs an event for `expected` agents; every subscriber (of every router sharing the store) sees it. */
   append(input: EventInput, expected: readonly string[]): Promise<LoggedEvent>
+  /**
+   * A `peer_gone` naming only those of its engine_ids not already gone, checked and logged in
+   * one step (across every router sharing the store); undefined when every one was gone.
+   */
+  appendPeerGone(input: PeerGoneInput, expected: readonly string[]): Promise<PeerGoneEvent | undefined>
   /** The events after `after`, a snapshot first when some of them are no longer held. */
   since(after: number): Promise<RouterEvent[]>
   /** Every engine_id still remembered as gone; its seq is the one just before the oldest held. */
@@ -80,6 +85,10 @@ export class MemoryEventStore implements EventStore {
 
   async append(input: EventInput, expected: readonly string[]): Promise<LoggedEvent> {
     return this.#log.append(input, expected)
+  }
+
+  async appendPeerGone(input: PeerGoneInput, expected: readonly string[]): Promise<PeerGoneEvent | undefined> {
+    return this.#log.appendPeerGone(input, expected)
   }
 
   async since(after: number): Promise<RouterEvent[]> {

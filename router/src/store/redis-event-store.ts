@@ -1,7 +1,7 @@
 import { randomUUID } from 'node:crypto'
 import type { Redis } from 'ioredis'
 import type { PeerGoneEvent, RouterEvent, SnapshotEvent } from '../../../schemas/events.js'
-import type { Delivery, EventInput, LoggedEvent } from '../events/event-log.js'
+import type { Delivery, EventInput, LoggedEvent, PeerGoneInput } from '../events/event-log.js'
 import type { EventListener, EventStore, EventStoreOptions } from './event-store.js'
 
 /**
@@ -48,6 +48,28 @@ if #ARGV > 8 + n then
   redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', ARGV[7])
 end
 return seq
+`
+
+// As APPEND, for a peer_gone: first drops the engine_ids still gone (scored after the cutoff)
+// from ARGV and from the event, whose JSON holds "engineIds":"${FRESH}" for the script to
+// fill; logs nothing and returns {0} when none is left, else {seq, the engine_ids logged}.
+const FRESH = '@fresh@'
+const APPEND_PEER_GONE = `
+local n = tonumber(ARGV[8])
+local fresh = {}
+for i = 9 + n, #ARGV do
+  local at = redis.call('ZSCORE', KEYS[3], ARGV[i])
+  if not at or tonumber(at) <= tonumber(ARGV[7]) then fresh[#fresh + 1] = ARGV[i] end
+end
+if #fresh == 0 then return {0} end
+for i = #ARGV, 9 + n, -1 do table.remove(ARGV, i) end
+for _, id in ipairs(fresh) do ARGV[#ARGV + 1] = id end
+local i, j = string.find(ARGV[1], '"${FRESH}"', 1, true)
+ARGV[1] = string.sub(ARGV[1], 1, i - 1) .. cjson.encode(fresh) .. string.sub(ARGV[1], j + 1)
+local seq = (function()
+${APPEND}
+end)()
+return {seq, unpack(fresh)}
 `
 
 // KEYS: acks, seq, stream. ARGV: agent, seq, waiting-key prefix. Returns [seq, event JSON, ...]
@@ -153,6 +175,31 @@ export class RedisEventStore implements EventStore {
       ...gone,
     )) as number
     return { ...body, seq } as LoggedEvent
+  }
+
+  async appendPeerGone(input: PeerGoneInput, expected: readonly string[]): Promise<PeerGoneEvent | undefined> {
+    const at = this.#opts.clock.now()
+    const body = { ...input, engineIds: FRESH, at }
+    const res = (await this.#redis.eval(
+      APPEND_PEER_GONE,
+      3,
+      this.#keys.stream,
+      this.#keys.seq,
+      this.#keys.gone,
+      JSON.stringify(body),
+      JSON.stringify(expected),
+      this.#retention,
+      this.#keys.waiting,
+      this.#opts.waitingTtlMs ?? 24 * 3600_000,
+      at,
+      at - this.#goneTtlMs,
+      expected.length,
+      ...expected,
+      ...input.engineIds,
+    )) as [number, ...string[]]
+    const [seq, ...fresh] = res
+    if (seq === 0) return undefined
+    return { ...input, engineIds: fresh, at, seq }
   }
 
   async since(after: number): Promise<RouterEvent[]> {

@@ -78,7 +78,7 @@ async function fanOut(agents: number, rounds: number): Promise<string> {
       const sent = performance.now()
       const status = await post(`${url}/fault_tolerance/event`, { event_type: 'peer_gone', nodes: { engine_ids: [`gone-${r}`] } }, { authorization: `Bearer ${ADMIN}` })
       if (status !== 202) throw new Error(`fault_tolerance/event answered ${status}`)
-      const seq = app.events.log.last
+      const seq = await app.events.store.last()
       const deadline = performance.now() + 5000
       while (streams.some((s) => !s.received.has(seq)) && performance.now() < deadline) await new Promise((resolve) => setImmediate(resolve))
       let last = 0

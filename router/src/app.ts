@@ -25,8 +25,8 @@ import {
 import { Admission } from './admission/admission.js'
 import { AgentDirectory } from './events/agent-directory.js'
 import { EngineNotifier } from './events/engine-notifier.js'
-import { EventLog } from './events/event-log.js'
 import { RouterEvents } from './events/router-events.js'
+import { MemoryEventStore } from './store/event-store.js'
 import type { LeaseEndReason, LeaseLedger, LeaseRecord } from './leases/ledger.js'
 import { MemoryLeaseLedger } from './leases/memory-ledger.js'
 import { createRouterMetrics } from './metrics.js'
@@ -137,22 +137,10 @@ export async function buildApp(deps: RouterDeps): Promise<FastifyInstance> {
 
   const registry = new TopologyRegistry({ clock, policy: config.health, instances: config.instances })
   const metrics = createRouterMetrics()
-  const events = new RouterEvents({
-    log: new EventLog({
-      clock,
-      retention: config.events.retention,
-      onDelivered: (event, ms) => metrics.eventDelivery.observe({ type: event.type }, ms / 1000),
-    }),
-    agents: new AgentDirectory({ clock }),
-    registry,
-    logger: app.log.child({ component: 'events' }),
-    metrics: { events: metrics.events },
-    addInstances: config.agentToken !== undefined,
-  })
+  const agents = new AgentDirectory({ clock })
   const engineNotifier = new EngineNotifier({
-    log: events.log,
     registry,
-    agents: events.agents,
+    agents,
     clock,
     logger: app.log.child({ component: 'engine-mode' }),
     urlTemplate: config.engineMode.peerGoneUrl,
@@ -161,6 +149,19 @@ export async function buildApp(deps: RouterDeps): Promise<FastifyInstance> {
     backoffMs: config.engineMode.backoffMs,
     ...(config.upstreamApiKey ? { apiKey: config.upstreamApiKey } : {}),
     metrics: metrics.engineNotifications,
+  })
+  const events = new RouterEvents({
+    store: new MemoryEventStore({
+      clock,
+      retention: config.events.retention,
+      onDelivered: (event, ms) => metrics.eventDelivery.observe({ type: event.type }, ms / 1000),
+    }),
+    agents,
+    registry,
+    logger: app.log.child({ component: 'events' }),
+    metrics: { events: metrics.events },
+    addInstances: config.agentToken !== undefined,
+    onLogged: (event) => engineNotifier.notify(event),
   })
   const ledger =
     deps.ledger ??
@@ -261,6 +262,7 @@ export async function buildApp(deps: RouterDeps): Promise<FastifyInstance> {
   })
   app.addHook('onClose', async () => {
     prober.stop()
+    events.close()
     drainer.close()
     admission.close()
     await Promise.all([dispatcher.close(), probes.close(), engineNotifier.close()])
@@ -344,7 +346,7 @@ function releaseToPrefillers(events: RouterEvents, leases: readonly LeaseRecord[
     ids.push(l.remoteRequestId)
     byEngine.set(l.engineId, ids)
   }
-  for (const [prefillEngineId, requestIds] of byEngine) events.releaseLease({ prefillEngineId, requestIds, reason })
+  for (const [prefillEngineId, requestIds] of byEngine) events.releaseLater({ prefillEngineId, requestIds, reason })
 }
 
 declare module 'fastify' {

@@ -3,6 +3,7 @@ import { ManualClock } from '../../common/clock.js'
 import { AgentDirectory } from '../../router/src/events/agent-directory.js'
 import { EventLog } from '../../router/src/events/event-log.js'
 import { RouterEvents } from '../../router/src/events/router-events.js'
+import { MemoryEventStore } from '../../router/src/store/event-store.js'
 import { TopologyRegistry } from '../../router/src/topology/registry.js'
 
 /*
@@ -116,7 +117,7 @@ function setup() {
   })
   const logged: { level: string; msg: string }[] = []
   const events = new RouterEvents({
-    log: new EventLog({ clock }),
+    store: new MemoryEventStore({ clock }),
     agents: new AgentDirectory({ clock }),
     registry,
     logger: { info: (_o, msg) => logged.push({ level: 'info', msg }), warn: (_o, msg) => logged.push({ level: 'warn', msg }) },
@@ -127,104 +128,119 @@ function setup() {
 t.test('RouterEvents: an engine_id change at an instance becomes peer_gone for the old id', async (t) => {
   const { registry, events } = setup()
   registry.observeEngineId('p', 'p-1')
-  t.equal(events.log.last, 0, 'the first engine_id replaces nothing')
+  await events.settled()
+  t.equal((await events.store.last()), 0, 'the first engine_id replaces nothing')
   registry.observeEngineId('p', 'p-2')
-  const [e] = events.log.since(0)
+  await events.settled()
+  const [e] = (await events.store.since(0))
   t.match(e, { seq: 1, type: 'peer_gone', engineIds: ['p-1'], reason: /engine_id_changed at 127\.0\.0\.1:1001/ })
   registry.observeEngineId('p', 'p-2')
-  t.equal(events.log.last, 1, 'the same engine_id again: nothing')
+  await events.settled()
+  t.equal((await events.store.last()), 1, 'the same engine_id again: nothing')
 })
 
 t.test('RouterEvents: agent registration, re-registration under a new engine_id, a new agent at the same address', async (t) => {
   const { registry, events } = setup()
-  const rec = events.registerAgent({ agentId: 'a-p', engineId: 'p-1', role: 'prefill', agentUrl: 'http://127.0.0.1:2001', engineUrl: 'http://127.0.0.1:1001/' })
+  const rec = await events.registerAgent({ agentId: 'a-p', engineId: 'p-1', role: 'prefill', agentUrl: 'http://127.0.0.1:2001', engineUrl: 'http://127.0.0.1:1001/' })
   t.equal(rec.instanceId, 'p', 'tied to its instance by the engine URL (trailing slash ignored)')
   t.equal(rec.peerAddress, '127.0.0.1:2001')
   t.equal(registry.snapshot().instances.find((i) => i.id === 'p')?.engineId, 'p-1', 'the instance learned its engine_id')
-  events.registerAgent({ agentId: 'a-d', engineId: 'd-1', role: 'decode', agentUrl: 'http://127.0.0.1:2002', engineUrl: 'http://127.0.0.1:1002' })
-  t.equal(events.log.last, 0, 'first registrations replace nothing')
-  events.registerAgent({ agentId: 'a-p', engineId: 'p-1', role: 'prefill', agentUrl: 'http://127.0.0.1:2001', engineUrl: 'http://127.0.0.1:1001' })
-  t.equal(events.log.last, 0, 'the same registration again: nothing')
+  await events.registerAgent({ agentId: 'a-d', engineId: 'd-1', role: 'decode', agentUrl: 'http://127.0.0.1:2002', engineUrl: 'http://127.0.0.1:1002' })
+  t.equal((await events.store.last()), 0, 'first registrations replace nothing')
+  await events.registerAgent({ agentId: 'a-p', engineId: 'p-1', role: 'prefill', agentUrl: 'http://127.0.0.1:2001', engineUrl: 'http://127.0.0.1:1001' })
+  t.equal((await events.store.last()), 0, 'the same registration again: nothing')
 
   // The engine restarted behind the same agent: another engine_id.
-  events.registerAgent({ agentId: 'a-p', engineId: 'p-2', role: 'prefill', agentUrl: 'http://127.0.0.1:2001', engineUrl: 'http://127.0.0.1:1001' })
-  t.equal(events.log.last, 1, 'one event, not a second one from the instance engine_id change')
-  t.match(events.log.since(0)[0], { type: 'peer_gone', engineIds: ['p-1'], addresses: [] })
-  t.same(events.log.delivery(1)?.expected.sort(), ['a-d', 'a-p'], 'every agent is expected to apply it')
+  await events.registerAgent({ agentId: 'a-p', engineId: 'p-2', role: 'prefill', agentUrl: 'http://127.0.0.1:2001', engineUrl: 'http://127.0.0.1:1001' })
+  t.equal((await events.store.last()), 1, 'one event, not a second one from the instance engine_id change')
+  t.match((await events.store.since(0))[0], { type: 'peer_gone', engineIds: ['p-1'], addresses: [] })
+  t.same((await events.store.delivery(1))?.expected.sort(), ['a-d', 'a-p'], 'every agent is expected to apply it')
 
   // The whole pod restarted: a new agent process (new agentId) at the same address.
-  events.registerAgent({ agentId: 'a-p2', engineId: 'p-3', role: 'prefill', agentUrl: 'http://127.0.0.1:2001', engineUrl: 'http://127.0.0.1:1001' })
-  t.equal(events.log.last, 2)
-  t.match(events.log.since(1)[0], { type: 'peer_gone', engineIds: ['p-2'], reason: /agent a-p2 at 127\.0\.0\.1:2001/ })
+  await events.registerAgent({ agentId: 'a-p2', engineId: 'p-3', role: 'prefill', agentUrl: 'http://127.0.0.1:2001', engineUrl: 'http://127.0.0.1:1001' })
+  t.equal((await events.store.last()), 2)
+  t.match((await events.store.since(1))[0], { type: 'peer_gone', engineIds: ['p-2'], reason: /agent a-p2 at 127\.0\.0\.1:2001/ })
   t.equal(events.agents.get('a-p'), undefined, 'the old agent record is gone')
-  t.same(events.log.delivery(2)?.expected.sort(), ['a-d', 'a-p2'])
+  t.same((await events.store.delivery(2))?.expected.sort(), ['a-d', 'a-p2'])
 })
 
 t.test('RouterEvents: ops peer_gone is idempotent; unknown targets are no-ops; addresses resolve', async (t) => {
   const { registry, events } = setup()
-  events.registerAgent({ agentId: 'a-p', engineId: 'p-1', role: 'prefill', agentUrl: 'http://127.0.0.1:2001', engineUrl: 'http://127.0.0.1:1001' })
-  events.registerAgent({ agentId: 'a-d', engineId: 'd-1', role: 'decode', agentUrl: 'http://127.0.0.1:2002' })
+  await events.registerAgent({ agentId: 'a-p', engineId: 'p-1', role: 'prefill', agentUrl: 'http://127.0.0.1:2001', engineUrl: 'http://127.0.0.1:1001' })
+  await events.registerAgent({ agentId: 'a-d', engineId: 'd-1', role: 'decode', agentUrl: 'http://127.0.0.1:2002' })
 
-  const first = events.peerGone({ engineIds: ['p-1'] }, 'ops')
+  const first = await events.peerGone({ engineIds: ['p-1'] }, 'ops')
   t.same(first, { seq: 1, engineIds: ['p-1'], unknown: [], logged: true })
-  t.match(events.log.since(0)[0], { engineIds: ['p-1'], addresses: ['127.0.0.1:2001'] }, "the agent's peer address goes with it")
-  const repeat = events.peerGone({ engineIds: ['p-1'] }, 'ops again')
+  t.match((await events.store.since(0))[0], { engineIds: ['p-1'], addresses: ['127.0.0.1:2001'] }, "the agent's peer address goes with it")
+  const repeat = await events.peerGone({ engineIds: ['p-1'] }, 'ops again')
   t.same(repeat, { seq: 1, engineIds: ['p-1'], unknown: [], logged: false }, 'a repeat answers the earlier sequence and logs nothing')
-  t.equal(events.log.last, 1)
+  t.equal((await events.store.last()), 1)
 
-  const unknown = events.peerGone({ engineIds: ['nobody'], addresses: ['10.9.9.9:1'] }, 'ops')
+  const unknown = await events.peerGone({ engineIds: ['nobody'], addresses: ['10.9.9.9:1'] }, 'ops')
   t.same(unknown, { seq: null, engineIds: [], unknown: ['nobody', '10.9.9.9:1'], logged: false })
-  t.equal(events.log.last, 1, 'unknown targets log nothing')
+  t.equal((await events.store.last()), 1, 'unknown targets log nothing')
 
   // By the agent's peer address, and by an instance's host:port (engine_id from its answers).
-  const byAgent = events.peerGone({ addresses: ['127.0.0.1:2002'] }, 'ops')
+  const byAgent = await events.peerGone({ addresses: ['127.0.0.1:2002'] }, 'ops')
   t.match(byAgent, { seq: 2, engineIds: ['d-1'], unknown: [], logged: true })
   registry.observeEngineId('d', 'd-1')
-  t.match(events.peerGone({ addresses: ['127.0.0.1:1002'] }, 'ops'), { seq: 2, engineIds: ['d-1'], logged: false }, 'the same engine by its instance address: a repeat')
-  t.match(events.peerGone({ engineIds: ['p-1', 'nobody'] }, 'ops'), { seq: 1, engineIds: ['p-1'], unknown: ['nobody'], logged: false })
+  await events.settled()
+  t.match(await events.peerGone({ addresses: ['127.0.0.1:1002'] }, 'ops'), { seq: 2, engineIds: ['d-1'], logged: false }, 'the same engine by its instance address: a repeat')
+  t.match(await events.peerGone({ engineIds: ['p-1', 'nobody'] }, 'ops'), { seq: 1, engineIds: ['p-1'], unknown: ['nobody'], logged: false })
 
   // Known from an instance's prefill answers only (no agent: engine mode).
   registry.observeEngineId('p', 'p-x')
-  t.match(events.peerGone({ engineIds: ['p-x'] }, 'ops'), { seq: 3, logged: true })
+  await events.settled()
+  t.match(await events.peerGone({ engineIds: ['p-x'] }, 'ops'), { seq: 3, logged: true })
 })
 
 t.test('RouterEvents: lease_release goes to the prefiller engine_id owner only', async (t) => {
   const { events } = setup()
-  t.equal(events.releaseLease({ prefillEngineId: 'p-1', requestIds: ['r'], reason: 'client_gone' }), null, 'no agent runs it: nothing logged')
-  events.registerAgent({ agentId: 'a-p', engineId: 'p-1', role: 'prefill', agentUrl: 'http://127.0.0.1:2001' })
-  events.registerAgent({ agentId: 'a-d', engineId: 'd-1', role: 'decode', agentUrl: 'http://127.0.0.1:2002' })
-  const seq = events.releaseLease({ prefillEngineId: 'p-1', requestIds: ['r'], reason: 'client_gone' })
+  t.equal(await events.releaseLease({ prefillEngineId: 'p-1', requestIds: ['r'], reason: 'client_gone' }), null, 'no agent runs it: nothing logged')
+  await events.registerAgent({ agentId: 'a-p', engineId: 'p-1', role: 'prefill', agentUrl: 'http://127.0.0.1:2001' })
+  await events.registerAgent({ agentId: 'a-d', engineId: 'd-1', role: 'decode', agentUrl: 'http://127.0.0.1:2002' })
+  const seq = await events.releaseLease({ prefillEngineId: 'p-1', requestIds: ['r'], reason: 'client_gone' })
   t.equal(seq, 1)
-  t.same(events.log.delivery(1)?.expected, ['a-p'])
+  t.same((await events.store.delivery(1))?.expected, ['a-p'])
 })
 
 t.test('RouterEvents: a crash (probes fail and no agent stream open) is peer_gone; a partition is not', async (t) => {
   const { registry, events } = setup()
-  events.registerAgent({ agentId: 'a-p', engineId: 'p-1', role: 'prefill', agentUrl: 'http://127.0.0.1:2001', engineUrl: 'http://127.0.0.1:1001' })
+  await events.registerAgent({ agentId: 'a-p', engineId: 'p-1', role: 'prefill', agentUrl: 'http://127.0.0.1:2001', engineUrl: 'http://127.0.0.1:1001' })
   events.agents.streamOpened('a-p')
   registry.recordProbe('p', true)
+  await events.settled()
   registry.recordProbe('p', false)
+  await events.settled()
   registry.recordProbe('p', false)
+  await events.settled()
   t.notOk(registry.isUp('p'))
-  t.equal(events.log.last, 0, 'probes fail but the agent still holds its stream: a partition, not a crash')
+  t.equal((await events.store.last()), 0, 'probes fail but the agent still holds its stream: a partition, not a crash')
   events.streamClosed('a-p')
-  t.match(events.log.since(0), [{ type: 'peer_gone', engineIds: ['p-1'], reason: /instance p down and no agent stream open/ }], 'the stream closing too makes it a crash')
+  await events.settled()
+  t.match((await events.store.since(0)), [{ type: 'peer_gone', engineIds: ['p-1'], reason: /instance p down and no agent stream open/ }], 'the stream closing too makes it a crash')
   t.equal(events.agents.get('a-p'), undefined, 'the dead agent leaves the directory (delivery stops waiting for it)')
 
   // Engine mode (no agent): probes alone decide.
   registry.observeEngineId('d', 'd-1')
+  await events.settled()
   registry.recordProbe('d', true)
+  await events.settled()
   registry.recordProbe('d', false)
+  await events.settled()
   registry.recordProbe('d', false)
-  t.match(events.log.since(1), [{ type: 'peer_gone', engineIds: ['d-1'] }])
+  await events.settled()
+  t.match((await events.store.since(1)), [{ type: 'peer_gone', engineIds: ['d-1'] }])
 
   // A stream that closes while its instance is up (the router restarting, a network blip): nothing.
-  events.registerAgent({ agentId: 'a-p2', engineId: 'p-2', role: 'prefill', agentUrl: 'http://127.0.0.1:2002', engineUrl: 'http://127.0.0.1:1001' })
+  await events.registerAgent({ agentId: 'a-p2', engineId: 'p-2', role: 'prefill', agentUrl: 'http://127.0.0.1:2002', engineUrl: 'http://127.0.0.1:1001' })
   registry.recordProbe('p', true)
+  await events.settled()
   events.agents.streamOpened('a-p2')
-  const last = events.log.last
+  const last = (await events.store.last())
   events.streamClosed('a-p2')
-  t.equal(events.log.last, last)
+  await events.settled()
+  t.equal((await events.store.last()), last)
 })
 
 t.test('EventLog: delivery is reported once per event, when its last expected agent acknowledges it', async (t) => {

@@ -33,5 +33,5 @@ t.test('a graceful close waits (bounded) for connected agents to acknowledge wha
   t.equal(ack.statusCode, 204, 'an ack is still taken while closing')
   await closing
   t.ok(ended, 'then the stream ends and the router closes')
-  t.same(app.events.log.delivery(1)?.applied, ['slow-agent'])
+  t.same((await app.events.store.delivery(1))?.applied, ['slow-agent'])
 })

@@ -62,7 +62,8 @@ t.test('policy reprefill: a lapsed lease is prefilled again, under a new id, and
   const summary = (await get(`${url}/leases`, auth)).json<{ lapsed: { beforeDispatch: number }; released: Record<string, number> }>()
   t.equal(summary.lapsed.beforeDispatch, 1)
   t.same(summary.released, { lapsed: 1 })
-  const released = app.events.log.since(0).filter((e) => e.type === 'lease_release')
+  await app.events.settled()
+  const released = (await app.events.store.since(0)).filter((e) => e.type === 'lease_release')
   t.match(released, [{ prefillEngineId: 'eng-p0', reason: 'lapsed' }], "P's agent is told to free the lapsed lease's blocks")
   t.match((await get(`${url}/metrics`)).text, /handoff_router_leases_lapsed_total\{when="before_dispatch"\} 1/)
 })
@@ -110,10 +111,10 @@ t.test('a client that leaves between the legs: its lease is released to P at onc
   ac.abort()
   t.equal(await pending, 'AbortError')
   t.ok(
-    await waitFor(() => app.events.log.since(0).some((e) => e.type === 'lease_release')),
+    await waitFor(async () => (await app.events.store.since(0)).some((e) => e.type === 'lease_release')),
     'a lease_release was logged',
   )
-  const [ev] = app.events.log.since(0).filter((e) => e.type === 'lease_release')
+  const [ev] = (await app.events.store.since(0)).filter((e) => e.type === 'lease_release')
   t.match(ev, { type: 'lease_release', prefillEngineId: 'eng-p0', requestIds: [remote], reason: 'client_gone' })
   const delivery = (await get(`${url}/fault_tolerance/events/${ev?.seq}`, auth)).json()
   t.match(delivery, { type: 'lease_release', expected: ['agent-p0'] }, "for P's agent only")
@@ -129,7 +130,8 @@ t.test('a decoder deregistered while it holds an unread lease: the lease is rele
   const del = await request(`${url}/admin/instances/d0`, { method: 'DELETE', headers: auth })
   t.equal(del.statusCode, 200)
   await del.body.dump()
-  t.match(app.events.log.since(0).filter((e) => e.type === 'lease_release'), [{ reason: 'decoder_gone', prefillEngineId: 'eng-p0' }])
+  await app.events.settled()
+  t.match((await app.events.store.since(0)).filter((e) => e.type === 'lease_release'), [{ reason: 'decoder_gone', prefillEngineId: 'eng-p0' }])
   // D itself still answers the request it had (the router only stopped sending it work).
   t.equal((await pending).status, 200)
   t.same((await get(`${url}/leases`, auth)).json<{ released: Record<string, number> }>().released, { decoder_gone: 1 })

@@ -84,7 +84,7 @@ t.test('register, stream, apply in order, ack; delivery completes', async (t) =>
   t.same(target.released, ['r1', 'r2', 'r3'], "lease_release for this agent's engine")
   t.same(counts, { peer_gone: 1, lease_release: 1 })
   t.match((await get(`${url}/fault_tolerance/events/${seq}`, admin)).json(), { applied: ['agent-1'], expected: ['agent-1', 'other'] })
-  t.match(l.status(), { routerId: app.events.log.id, engineId: 'p-1' })
+  t.match(l.status(), { routerId: app.events.store.id, engineId: 'p-1' })
 
   // Another engine_id behind this agent: registers again at once → peer_gone for the old one.
   l.attached({ engineId: 'p-2', role: 'prefill', agentUrl: 'http://127.0.0.1:7001', engineUrl: 'http://127.0.0.1:9' })

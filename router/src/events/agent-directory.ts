@@ -31,9 +31,13 @@ export interface Registered {
   gone: { engineId: string; peerAddress: string; reason: string }[]
 }
 
+/** An agent's record was written (registration, or another router's) or removed (undefined). */
+export type AgentChangeListener = (agentId: string, record: AgentRecord | undefined) => void
+
 export class AgentDirectory {
   readonly #clock: Clock
   readonly #agents = new Map<string, AgentRecord>()
+  readonly #listeners = new Set<AgentChangeListener>()
 
   constructor(opts: { clock: Clock }) {
     this.#clock = opts.clock
@@ -54,7 +58,7 @@ export class AgentDirectory {
     // Another agent at the same address: the process there restarted (a new agentId).
     for (const other of [...this.#agents.values()]) {
       if (other.agentId === reg.agentId || other.peerAddress !== peerAddress) continue
-      this.#agents.delete(other.agentId)
+      this.remove(other.agentId)
       if (other.engineId !== reg.engineId) gone.push({ engineId: other.engineId, peerAddress, reason: 'engine_id_changed' })
     }
     const record: AgentRecord = {
@@ -70,7 +74,29 @@ export class AgentDirectory {
       lastSeenAt: now,
     }
     this.#agents.set(reg.agentId, record)
+    this.#emit(reg.agentId, record)
     return { record, gone }
+  }
+
+  /** Calls `listener` after every record written or removed; returns the unsubscribe function. */
+  subscribe(listener: AgentChangeListener): () => void {
+    this.#listeners.add(listener)
+    return () => this.#listeners.delete(listener)
+  }
+
+  /**
+   * Another router's record (several routers on one store): kept as written there, with this
+   * router's own count of open streams.
+   */
+  put(record: Omit<AgentRecord, 'streams'>): void {
+    const streams = this.#agents.get(record.agentId)?.streams ?? 0
+    const next: AgentRecord = { ...record, streams }
+    this.#agents.set(record.agentId, next)
+    this.#emit(record.agentId, next)
+  }
+
+  #emit(agentId: string, record: AgentRecord | undefined): void {
+    for (const l of this.#listeners) l(agentId, record)
   }
 
   get(agentId: string): AgentRecord | undefined {
@@ -78,7 +104,9 @@ export class AgentDirectory {
   }
 
   remove(agentId: string): boolean {
-    return this.#agents.delete(agentId)
+    if (!this.#agents.delete(agentId)) return false
+    this.#emit(agentId, undefined)
+    return true
   }
 
   all(): AgentRecord[] {

@@ -3,7 +3,7 @@ import type { Clock } from '../../../common/clock.js'
 import { sleep } from '../../../common/timers.js'
 import type { TopologyRegistry } from '../topology/registry.js'
 import type { AgentDirectory } from './agent-directory.js'
-import type { EventLog, LoggedEvent } from './event-log.js'
+import type { LoggedEvent } from './event-log.js'
 import type { EventsLogger } from './router-events.js'
 
 /**
@@ -16,7 +16,6 @@ import type { EventsLogger } from './router-events.js'
  * cleaned up. The URL is built from instances in the topology only: never another address.
  */
 export interface EngineNotifierOptions {
-  log: EventLog
   registry: TopologyRegistry
   agents: AgentDirectory
   clock: Clock
@@ -34,7 +33,6 @@ export interface EngineNotifierOptions {
 export class EngineNotifier {
   readonly #o: EngineNotifierOptions
   readonly #dispatcher: Agent
-  readonly #unsubscribe: () => void
   readonly #pending = new Set<Promise<void>>()
   #closed = false
   #warned = false
@@ -42,7 +40,6 @@ export class EngineNotifier {
   constructor(opts: EngineNotifierOptions) {
     this.#o = opts
     this.#dispatcher = new Agent({ connections: 4, connect: { timeout: opts.timeoutMs } })
-    this.#unsubscribe = opts.log.subscribe((event) => this.#onEvent(event))
   }
 
   /** Waits for notifications in flight (tests; shutdown). */
@@ -52,13 +49,16 @@ export class EngineNotifier {
 
   async close(): Promise<void> {
     this.#closed = true
-    this.#unsubscribe()
     await this.settled()
     await this.#dispatcher.close()
   }
 
-  #onEvent(event: LoggedEvent): void {
-    if (event.type !== 'peer_gone') return
+  /**
+   * An event this router logged. Only the router that logged a peer_gone tells the engines
+   * (several routers share one log; each would otherwise call every engine once).
+   */
+  notify(event: LoggedEvent): void {
+    if (event.type !== 'peer_gone' || this.#closed) return
     const withAgents = new Set(this.#o.agents.all().map((a) => a.instanceId))
     const targets = this.#o.registry
       .snapshot()

@@ -1,14 +1,20 @@
 import type { AgentRegistration } from '../../../schemas/events.js'
+import type { EventStore } from '../store/event-store.js'
 import type { TopologyRegistry } from '../topology/registry.js'
 import { AgentDirectory, type AgentRecord } from './agent-directory.js'
-import type { EventLog, LeaseReleaseInput, LoggedEvent } from './event-log.js'
+import type { LeaseReleaseInput, LoggedEvent } from './event-log.js'
 
 /**
  * Where the router decides to tell the agents something (DESIGN "Events"): an engine_id that
  * is gone (a new engine_id at an address, an agent re-registering under another engine,
  * ops tooling, a drained instance) becomes one `peer_gone`; a lease nobody will read becomes
- * a `lease_release` for the prefiller's agent. Both go into the one ordered log; the stream
- * routes deliver them.
+ * a `lease_release` for the prefiller's agent. Both go into the one ordered log (the event
+ * store, shared by every router on Redis); the stream routes deliver them.
+ *
+ * What the router decides by itself (an engine_id change, a crash, a lease to release) must
+ * not be lost to a store outage: such an append that fails is retried, in order, until the
+ * store takes it. What a caller asks for (ops, an agent's registration) fails instead, so the
+ * caller hears it (RTR_ERR_STORE_UNAVAILABLE).
  */
 export interface PeerGoneTarget {
   engineIds?: readonly string[]
@@ -34,8 +40,13 @@ export interface RouterEventsMetrics {
   events: { inc(labels: { type: string }): void }
 }
 
+/** Which agents hold an event stream now, on any router sharing the store. */
+export interface StreamPresence {
+  anyOpen(agentIds: readonly string[]): Promise<boolean>
+}
+
 export class RouterEvents {
-  readonly log: EventLog
+  readonly store: EventStore
   readonly agents: AgentDirectory
   readonly #registry: TopologyRegistry
   readonly #logger: EventsLogger
@@ -48,26 +59,46 @@ export class RouterEvents {
 
   /** Whether an agent naming an engine URL the topology lacks adds that engine (agent token only). */
   readonly #addInstances: boolean
+  readonly #presence: StreamPresence
+  readonly #onLogged: ((event: LoggedEvent) => void) | undefined
+  /** The router's own decisions waiting for the store to come back, oldest first. */
+  readonly #retries: { what: string; run: () => Promise<unknown> }[] = []
+  readonly #retryMs: number
+  #retrying: ReturnType<typeof setTimeout> | undefined
+  #tail: Promise<unknown> = Promise.resolve()
+  #closed = false
 
   constructor(opts: {
-    log: EventLog
+    store: EventStore
     agents: AgentDirectory
     registry: TopologyRegistry
     logger: EventsLogger
     metrics?: RouterEventsMetrics
     addInstances?: boolean
+    /** Default: this router's own streams (one router). */
+    presence?: StreamPresence
+    /** Each event this router logged (not other routers'): engine mode's notifications. */
+    onLogged?: (event: LoggedEvent) => void
+    /** How often a decision the store refused is tried again, ms (default 1000). */
+    retryMs?: number
   }) {
     this.#addInstances = opts.addInstances ?? false
-    this.log = opts.log
+    this.store = opts.store
     this.agents = opts.agents
     this.#registry = opts.registry
     this.#logger = opts.logger
     this.#metrics = opts.metrics
+    this.#onLogged = opts.onLogged
+    this.#retryMs = opts.retryMs ?? 1000
+    this.#presence = opts.presence ?? {
+      anyOpen: async (ids) => ids.some((id) => (this.agents.get(id)?.streams ?? 0) > 0),
+    }
     opts.registry.subscribe((change) => {
-      if (change.type === 'down') this.#crashed(change.instanceId)
+      if (change.type === 'down') this.#decide(`crash check of ${change.instanceId}`, () => this.#crashed(change.instanceId))
+      if (change.type === 'engine_id_learned') this.#known.add(change.engineId)
       if (change.type !== 'engine_id_changed') return
       this.#known.add(change.previous).add(change.current)
-      this.peerGone({ engineIds: [change.previous] }, `engine_id_changed at ${change.address}`)
+      this.#decide(`peer_gone for ${change.previous}`, () => this.peerGone({ engineIds: [change.previous] }, `engine_id_changed at ${change.address}`))
     })
   }
 
@@ -75,7 +106,69 @@ export class RouterEvents {
   streamClosed(agentId: string): void {
     this.agents.streamClosed(agentId)
     const instance = this.agents.get(agentId)?.instanceId
-    if (instance !== undefined && !this.#registry.isUp(instance)) this.#crashed(instance)
+    if (instance !== undefined && !this.#registry.isUp(instance)) this.#decide(`crash check of ${instance}`, () => this.#crashed(instance))
+  }
+
+  /** Decisions still waiting for the store (0 when it took everything). */
+  get pending(): number {
+    return this.#retries.length
+  }
+
+  /** Resolves once every decision taken so far reached the store (or is queued for a retry). */
+  async settled(): Promise<void> {
+    let tail
+    do {
+      tail = this.#tail
+      await tail
+    } while (tail !== this.#tail)
+  }
+
+  close(): void {
+    this.#closed = true
+    if (this.#retrying) clearTimeout(this.#retrying)
+    this.#retrying = undefined
+  }
+
+  /**
+   * Runs one of the router's own decisions after the ones before it. Refused by the store, it
+   * waits in the retry queue (in order) instead of being lost.
+   */
+  #decide(what: string, run: () => Promise<unknown>): void {
+    const go = async (): Promise<void> => {
+      if (this.#retries.length > 0) {
+        this.#retries.push({ what, run })
+        return
+      }
+      try {
+        await run()
+      } catch (err) {
+        this.#logger.warn({ err: (err as Error).message, what }, 'event store refused a decision; retrying until it takes it')
+        this.#retries.push({ what, run })
+        this.#scheduleRetry()
+      }
+    }
+    this.#tail = this.#tail.then(go, go)
+  }
+
+  #scheduleRetry(): void {
+    if (this.#retrying || this.#closed) return
+    this.#retrying = setTimeout(() => {
+      this.#retrying = undefined
+      this.#tail = this.#tail.then(async () => {
+        while (this.#retries.length > 0 && !this.#closed) {
+          const next = this.#retries[0] as { what: string; run: () => Promise<unknown> }
+          try {
+            await next.run()
+          } catch {
+            this.#scheduleRetry()
+            return
+          }
+          this.#retries.shift()
+          this.#logger.info({ what: next.what, left: this.#retries.length }, 'event store took a decision it had refused')
+        }
+      })
+    }, this.#retryMs)
+    this.#retrying.unref?.()
   }
 
   /**
@@ -84,22 +177,26 @@ export class RouterEvents {
    * engine_ids are gone, and its agents leave the directory, so delivery no longer waits for
    * them. An instance without any agent (engine mode) is judged by its probes alone.
    */
-  #crashed(instanceId: string): void {
+  async #crashed(instanceId: string): Promise<void> {
+    // Up again (or gone) by the time this runs: not a crash.
+    if (this.#registry.isUp(instanceId) || !this.#registry.has(instanceId)) return
     const agents = this.agents.byInstance(instanceId)
-    if (agents.some((a) => a.streams > 0)) return
+    if (await this.#presence.anyOpen(agents.map((a) => a.agentId))) return
     const ids = new Set(agents.map((a) => a.engineId))
     const current = this.#registry.snapshot().instances.find((i) => i.id === instanceId)?.engineId
     if (current) ids.add(current)
+    for (const id of ids) this.#known.add(id)
+    // Out of the directory first: delivery of this very peer_gone must not wait for them.
     for (const a of agents) this.agents.remove(a.agentId)
-    if (ids.size > 0) this.peerGone({ engineIds: [...ids] }, `instance ${instanceId} down and no agent stream open`)
+    if (ids.size > 0) this.#decide(`peer_gone for crashed ${instanceId}`, () => this.peerGone({ engineIds: [...ids] }, `instance ${instanceId} down and no agent stream open`))
   }
 
   /** An agent's registration: records it, ties it to its instance, and reports what it replaced. */
-  registerAgent(reg: AgentRegistration): AgentRecord {
+  async registerAgent(reg: AgentRegistration): Promise<AgentRecord> {
     const instance = reg.engineUrl ? (this.#instanceByUrl(reg.engineUrl) ?? this.#addInstance(reg)) : undefined
     const { record, gone } = this.agents.register(reg, instance)
     this.#known.add(reg.engineId)
-    for (const g of gone) this.peerGone({ engineIds: [g.engineId], addresses: [] }, `${g.reason}: agent ${reg.agentId} at ${g.peerAddress}`)
+    for (const g of gone) await this.peerGone({ engineIds: [g.engineId], addresses: [] }, `${g.reason}: agent ${reg.agentId} at ${g.peerAddress}`)
     // After the agent's own peer_gone, so the registry's engine_id change finds it already gone.
     if (instance) this.#registry.observeEngineId(instance, reg.engineId)
     this.#logger.info({ agentId: reg.agentId, engineId: reg.engineId, instance, peerAddress: record.peerAddress }, 'agent registered')
@@ -111,12 +208,13 @@ export class RouterEvents {
    * host:port). Engine_ids already gone are a no-op answered with the earlier sequence;
    * unknown ones and addresses that resolve to nothing are no-ops.
    */
-  peerGone(target: PeerGoneTarget, reason: string): PeerGoneResult {
+  async peerGone(target: PeerGoneTarget, reason: string): Promise<PeerGoneResult> {
     const ids = new Set<string>()
     const unknown: string[] = []
     const current = new Set(this.#registry.snapshot().instances.map((i) => i.engineId))
+    for (const a of this.agents.all()) current.add(a.engineId)
     for (const id of target.engineIds ?? []) {
-      if (this.#known.has(id) || current.has(id) || this.log.isGone(id)) ids.add(id)
+      if (this.#known.has(id) || current.has(id) || (await this.store.isGone(id))) ids.add(id)
       else unknown.push(id)
     }
     const addresses: string[] = []
@@ -126,16 +224,19 @@ export class RouterEvents {
       else addresses.push(address)
       for (const id of found) ids.add(id)
     }
-    const fresh = [...ids].filter((id) => !this.log.isGone(id))
-    if (fresh.length === 0) {
-      const earlier = ids.size > 0 ? this.log.lastPeerGone([...ids]) : undefined
-      return { seq: earlier?.seq ?? (ids.size > 0 ? this.log.last : null), engineIds: [...ids], unknown, logged: false }
-    }
+    if (ids.size === 0) return { seq: null, engineIds: [], unknown, logged: false }
     const peerAddresses = new Set(addresses)
-    for (const id of fresh) for (const a of this.agents.byEngine(id)) peerAddresses.add(a.peerAddress)
-    const event = this.#append({ type: 'peer_gone', engineIds: fresh, addresses: [...peerAddresses], reason }, this.agents.all().map((a) => a.agentId))
-    this.#logger.warn({ seq: event.seq, engineIds: fresh, addresses: [...peerAddresses], reason }, 'peer_gone')
-    return { seq: event.seq, engineIds: fresh, unknown, logged: true }
+    for (const id of ids) for (const a of this.agents.byEngine(id)) peerAddresses.add(a.peerAddress)
+    // Only engine_ids not gone yet are logged, checked in the same step across every router.
+    const input = { type: 'peer_gone' as const, engineIds: [...ids], addresses: [...peerAddresses], reason }
+    const event = await this.store.appendPeerGone(input, this.agents.all().map((a) => a.agentId))
+    if (!event) {
+      const earlier = await this.store.lastPeerGone([...ids])
+      return { seq: earlier?.seq ?? (await this.store.last()), engineIds: [...ids], unknown, logged: false }
+    }
+    this.#logged(event)
+    this.#logger.warn({ seq: event.seq, engineIds: event.engineIds, addresses: event.addresses, reason }, 'peer_gone')
+    return { seq: event.seq, engineIds: event.engineIds, unknown, logged: true }
   }
 
   /**
@@ -143,16 +244,22 @@ export class RouterEvents {
    * prefiller's agent frees the blocks now instead of at expiry. Returns the sequence, or
    * null when no agent runs that engine (engine mode: the engine keeps its own lease).
    */
-  releaseLease(input: Omit<LeaseReleaseInput, 'type'>): number | null {
+  async releaseLease(input: Omit<LeaseReleaseInput, 'type'>): Promise<number | null> {
     const owners = this.agents.byEngine(input.prefillEngineId)
     if (owners.length === 0) return null
-    return this.#append({ type: 'lease_release', ...input }, owners.map((a) => a.agentId)).seq
+    const event = await this.store.append({ type: 'lease_release', ...input }, owners.map((a) => a.agentId))
+    this.#logged(event)
+    return event.seq
   }
 
-  #append(input: Parameters<EventLog['append']>[0], expected: string[]): LoggedEvent {
-    const event = this.log.append(input, expected)
+  /** The request path's release: never waits, never fails (a refused append is retried). */
+  releaseLater(input: Omit<LeaseReleaseInput, 'type'>): void {
+    this.#decide(`lease_release to ${input.prefillEngineId}`, () => this.releaseLease(input))
+  }
+
+  #logged(event: LoggedEvent): void {
     this.#metrics?.events.inc({ type: event.type })
-    return event
+    this.#onLogged?.(event)
   }
 
   /** Engine_ids at an address: agents there, and instances whose URL has that host:port. */

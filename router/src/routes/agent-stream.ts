@@ -5,6 +5,13 @@ import { RTR_ERR_AGENT_UNAUTHORIZED, RTR_ERR_AGENT_UNKNOWN } from '../errors.js'
 import type { RouterEvents } from '../events/router-events.js'
 import { bearerChecker } from '../../../common/bearer.js'
 
+declare module 'fastify' {
+  interface FastifyInstance {
+    /** Ends every agent event stream this router holds (their agents register again). */
+    endAgentStreams(): void
+  }
+}
+
 /**
  * The agents' side of the event log (DESIGN "Events"):
  * - `POST /v1/agents`: registration once the agent's engine attached;
@@ -16,6 +23,8 @@ import { bearerChecker } from '../../../common/bearer.js'
  */
 export interface AgentStreamOptions {
   events: RouterEvents
+  /** Told when this router holds an agent's stream, and when not (several routers: presence). */
+  presence?: { opened(agentId: string): void; closed(agentId: string): void }
   agentToken: string | undefined
   keepAliveMs: number
   /** On close, how long to wait for connected agents to acknowledge what was logged, ms. */
@@ -44,15 +53,23 @@ export const agentStreamRoutes: FastifyPluginAsync<AgentStreamOptions> = async (
   const open = new Set<ServerResponse>()
   app.addHook('preClose', async () => {
     // A graceful close loses no event a connected agent can still take: wait (bounded) until
-    // every agent with an open stream has acknowledged everything logged for it. The log is
-    // in memory; what a crash loses is issue 10's (Redis) to keep.
+    // every agent with an open stream here has acknowledged everything logged for it. (With
+    // the log in Redis a crash loses nothing either: the agents resume on another router.)
     const connected = new Set(events.agents.all().filter((a) => a.streams > 0).map((a) => a.agentId))
     const until = Date.now() + (opts.drainMs ?? 5000)
-    while (connected.size > 0 && events.log.undelivered(connected) > 0 && Date.now() < until) {
+    while (connected.size > 0 && Date.now() < until) {
+      const left = await events.store.undelivered(connected).catch(() => 0)
+      if (left === 0) break
       await new Promise((resolve) => setTimeout(resolve, 20))
     }
-    for (const res of open) res.end()
+    endAll()
   })
+  const endAll = (): void => {
+    for (const res of open) res.end()
+  }
+  // The log was replaced (Redis restarted empty): every agent starts over, after registering
+  // again, which ending its stream makes it do.
+  app.decorate('endAgentStreams', endAll)
   const check = bearerChecker(opts.agentToken ? [opts.agentToken] : [])
   if (check) {
     app.addHook('onRequest', async (req) => {
@@ -61,13 +78,13 @@ export const agentStreamRoutes: FastifyPluginAsync<AgentStreamOptions> = async (
   }
 
   app.post<{ Body: AgentRegistration }>('/v1/agents', { schema: { body: { $ref: 'AgentRegistration#' }, response: { 200: registered } } }, async (req) => {
-    const record = events.registerAgent(req.body)
-    return { agentId: record.agentId, instanceId: record.instanceId ?? null, lastSeq: events.log.last, routerId: events.log.id }
+    const record = await events.registerAgent(req.body)
+    return { agentId: record.agentId, instanceId: record.instanceId ?? null, lastSeq: await events.store.last(), routerId: events.store.id }
   })
 
   app.post<{ Params: { agentId: string }; Body: AgentAck }>('/v1/agents/:agentId/acks', { schema: { body: { $ref: 'AgentAck#' } } }, async (req, reply) => {
     if (!events.agents.get(req.params.agentId)) throw new RTR_ERR_AGENT_UNKNOWN(req.params.agentId)
-    events.log.ack(req.params.agentId, req.body.seq)
+    await events.store.ack(req.params.agentId, req.body.seq)
     return reply.code(204).send()
   })
 
@@ -79,12 +96,6 @@ export const agentStreamRoutes: FastifyPluginAsync<AgentStreamOptions> = async (
       if (!events.agents.get(agentId)) throw new RTR_ERR_AGENT_UNKNOWN(agentId)
       const lastEventId = req.headers['last-event-id']
       const after = Number(typeof lastEventId === 'string' && /^[0-9]{1,15}$/.test(lastEventId) ? lastEventId : (req.query.after ?? '0'))
-      reply.hijack()
-      const res = reply.raw
-      res.writeHead(200, { 'content-type': 'text/event-stream', 'cache-control': 'no-store', connection: 'keep-alive', 'x-accel-buffering': 'no' })
-      // Headers now, not with the first event: an agent with nothing to catch up on would
-      // otherwise wait for the first keep-alive to learn its stream is open.
-      res.flushHeaders()
       let sent = after
       const send = (event: { seq: number }): void => {
         if (event.seq <= sent && (event as { type?: string }).type !== 'snapshot') return
@@ -94,11 +105,25 @@ export const agentStreamRoutes: FastifyPluginAsync<AgentStreamOptions> = async (
       // Subscribe first, then replay: an event logged in between is sent once (seq check).
       const queued: { seq: number }[] = []
       let replaying = true
-      const unsubscribe = events.log.subscribe((e) => (replaying ? queued.push(e) : send(e)))
-      for (const e of events.log.since(after)) send(e)
+      const unsubscribe = events.store.subscribe((e) => (replaying ? queued.push(e) : send(e)))
+      let backlog
+      try {
+        backlog = await events.store.since(after)
+      } catch (err) {
+        unsubscribe()
+        throw err
+      }
+      reply.hijack()
+      const res = reply.raw
+      res.writeHead(200, { 'content-type': 'text/event-stream', 'cache-control': 'no-store', connection: 'keep-alive', 'x-accel-buffering': 'no' })
+      // Headers now, not with the first event: an agent with nothing to catch up on would
+      // otherwise wait for the first keep-alive to learn its stream is open.
+      res.flushHeaders()
+      for (const e of backlog) send(e)
       replaying = false
       for (const e of queued) send(e)
       events.agents.streamOpened(agentId)
+      opts.presence?.opened(agentId)
       open.add(res)
       const keepAlive = setInterval(() => res.write(': keep-alive\n\n'), opts.keepAliveMs)
       keepAlive.unref()
@@ -107,6 +132,7 @@ export const agentStreamRoutes: FastifyPluginAsync<AgentStreamOptions> = async (
         open.delete(res)
         unsubscribe()
         events.streamClosed(agentId)
+        opts.presence?.closed(agentId)
       })
     },
   )

@@ -26,7 +26,7 @@ export const faultToleranceRoutes: FastifyPluginAsync<{ events: RouterEvents }> 
   const { events } = opts
   app.post<{ Body: FaultToleranceEvent }>('/fault_tolerance/event', { schema: { body: { $ref: 'FaultToleranceEvent#' }, response: { 202: accepted } } }, async (req, reply) => {
     const { nodes, reason } = req.body
-    const result = events.peerGone(
+    const result = await events.peerGone(
       { ...(nodes.engine_ids ? { engineIds: nodes.engine_ids } : {}), ...(nodes.addresses ? { addresses: nodes.addresses } : {}) },
       `ops: ${reason ?? 'no reason given'}`,
     )
@@ -37,8 +37,8 @@ export const faultToleranceRoutes: FastifyPluginAsync<{ events: RouterEvents }> 
     '/fault_tolerance/events/:seq',
     { schema: { params: { type: 'object', properties: { seq: { type: 'string', pattern: '^[0-9]{1,15}$' } }, required: ['seq'] }, response: { 200: delivery } } },
     async (req) => {
-      const delivery = events.log.delivery(Number(req.params.seq))
-      if (!delivery) throw new RTR_ERR_EVENT_NOT_FOUND(req.params.seq, `${events.log.first}..${events.log.last}`)
+      const delivery = await events.store.delivery(Number(req.params.seq))
+      if (!delivery) throw new RTR_ERR_EVENT_NOT_FOUND(req.params.seq, `${await events.store.first()}..${await events.store.last()}`)
       return { ...delivery, complete: delivery.applied.length === delivery.expected.length }
     },
   )

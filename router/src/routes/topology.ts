@@ -15,6 +15,8 @@ export const topologyRoutes: FastifyPluginAsync<{ registry: TopologyRegistry; ev
   app.get('/topology', async () => {
     const snap = opts.registry.snapshot()
     const agents = opts.events.agents.all()
+    const store = opts.events.store
+    const acked = new Map(await Promise.all(agents.map(async (a) => [a.agentId, await store.acked(a.agentId)] as const)))
     const instances = snap.instances.map((i) => ({
       id: i.id,
       role: i.role,
@@ -27,7 +29,7 @@ export const topologyRoutes: FastifyPluginAsync<{ registry: TopologyRegistry; ev
       models: i.models ? [...i.models] : null,
       agents: agents
         .filter((a) => a.instanceId === i.id)
-        .map((a) => ({ agentId: a.agentId, engineId: a.engineId, peerAddress: a.peerAddress, streams: a.streams, acked: opts.events.log.acked(a.agentId) })),
+        .map((a) => ({ agentId: a.agentId, engineId: a.engineId, peerAddress: a.peerAddress, streams: a.streams, acked: acked.get(a.agentId) ?? 0 })),
     }))
     const prefillers = snap.instances.filter((i) => i.role !== 'decode')
     const decoders = snap.instances.filter((i) => i.role !== 'prefill')
@@ -37,7 +39,7 @@ export const topologyRoutes: FastifyPluginAsync<{ registry: TopologyRegistry; ev
       instances,
       pairing: { ...opts.pairing, pairs, resting: opts.pairs.list() },
       unattachedAgents: agents.filter((a) => a.instanceId === undefined).map((a) => ({ agentId: a.agentId, engineId: a.engineId, peerAddress: a.peerAddress })),
-      events: { first: opts.events.log.first, last: opts.events.log.last },
+      events: { first: await store.first(), last: await store.last() },
     }
   })
 }

@@ -19,6 +19,7 @@ export type TopologyChange =
   | { type: 'ejected'; instanceId: string; forMs: number }
   | { type: 'released'; instanceId: string }
   | { type: 'engine_id_changed'; instanceId: string; address: string; previous: string; current: string }
+  | { type: 'engine_id_learned'; instanceId: string; engineId: string }
   | { type: 'draining'; instanceId: string }
   | { type: 'drained'; instanceId: string }
   | { type: 'added'; instanceId: string; role: InstanceRole }
@@ -238,6 +239,43 @@ export class TopologyRegistry {
     this.#emit({ type: 'down', instanceId: id })
   }
 
+  /**
+   * Another router's probe verdict (several routers on one store: only the prober leader
+   * probes). Unlike `recordProbe`, no threshold: the leader already applied it.
+   */
+  applyVerdict(id: string, up: boolean, models?: readonly string[]): void {
+    const s = this.#instances.get(id)
+    if (!s) return
+    if (models) s.models = new Set(models)
+    if (!up) {
+      this.#snapshot = undefined
+      if (s.probedUp === false) return
+      s.probedUp = false
+      this.#emit({ type: 'down', instanceId: id })
+      return
+    }
+    const wasEligible = eligible(s, this.#clock.monotonic())
+    s.probeFailures = 0
+    s.ejectedUntil = 0
+    const changed = s.probedUp !== true
+    s.probedUp = true
+    this.#snapshot = undefined
+    if (changed || !wasEligible) this.#emit({ type: 'up', instanceId: id })
+  }
+
+  /** Whether the instance was probed up (undefined: not probed yet), and its models. */
+  verdict(id: string): { up: boolean | undefined; models: readonly string[] | undefined } | undefined {
+    const s = this.#instances.get(id)
+    return s && { up: s.probedUp, models: s.models && [...s.models] }
+  }
+
+  /** What another router may need to rebuild this instance: its config, origin and shared state. */
+  describe(id: string): (InstanceConfig & { source: InstanceSource; engineId: string | undefined; draining: boolean }) | undefined {
+    const s = this.#instances.get(id)
+    if (!s) return undefined
+    return { id: s.id, role: s.role, url: s.url, labels: { ...s.labels }, source: s.source, engineId: s.engineId, draining: s.draining }
+  }
+
   /** Stop admitting new work to the instance; `drained` follows once nothing is in flight. */
   drain(id: string): void {
     const s = this.#get(id)
@@ -267,7 +305,10 @@ export class TopologyRegistry {
     const previous = s.engineId
     s.engineId = engineId
     this.#snapshot = undefined
-    if (previous === undefined) return undefined
+    if (previous === undefined) {
+      this.#emit({ type: 'engine_id_learned', instanceId: id, engineId })
+      return undefined
+    }
     const change: EngineIdChange = { instanceId: id, address: new URL(s.url).host, previous, current: engineId }
     this.#emit({ type: 'engine_id_changed', ...change })
     return change

@@ -1,0 +1,220 @@
+import { Redis, type RedisOptions } from 'ioredis'
+import { type Clock, systemClock } from '../../../common/clock.js'
+
+/** What the store modules log: the outage and the recovery, once each (pino fits). */
+export interface StoreLogger {
+  info(obj: object, msg: string): void
+  warn(obj: object, msg: string): void
+}
+
+/** `ok` while the command connection is ready; `degraded` from its loss until it is ready again. */
+export interface StoreState {
+  readonly state: 'ok' | 'degraded'
+  /** Wall ms (clock.now()) of the last change. */
+  readonly since: number
+  /** The last error the connection reported, if any (never contains the URL's password). */
+  readonly error?: string
+}
+
+export type StoreStateListener = (state: StoreState) => void
+
+export interface StoreConnectionOptions {
+  /** redis://[[user]:password@]host:port[/db] or rediss://…, as in `store.url`. */
+  url: string
+  /** `store.commandTimeoutMs`: a command without a reply by then fails, and the socket is dropped. Default 1000. */
+  commandTimeoutMs?: number
+  /** How long `open()`/`whenReady()` wait for the first connection, ms (default 10 s). */
+  connectTimeoutMs?: number
+  /** The reconnect backoff's cap, ms (default 2000). It grows from 25 ms and never stops retrying. */
+  maxBackoffMs?: number
+  clock?: Clock
+  /** Jitter for the backoff, in [0, 1) (default Math.random). */
+  random?: () => number
+  logger?: StoreLogger
+  /** A gauge-like hook: set to 1 while ok, 0 while degraded. */
+  metrics?: { up: { set(value: number): void } }
+}
+
+/**
+ * The Redis connections of one router (issue 10), tuned so that routing survives a Redis
+ * outage: while disconnected, commands fail at once (no offline queue, nothing resent after a
+ * reconnect) instead of piling up; a command that gets no reply within `commandTimeoutMs`
+ * fails and drops the socket (so a hung Redis also counts as down); reconnection never stops,
+ * with a capped, jittered backoff; 'error' events are recorded, never thrown.
+ *
+ * Before the first `ready`, commands wait for it, but fail with each failed connection
+ * attempt; `open()` (or `whenReady()`) is the way to wait.
+ */
+export class StoreConnection {
+  /** The command connection. Not for blocking reads: those take a `duplicate()`. */
+  readonly client: Redis
+  readonly url: string
+  readonly #clock: Clock
+  readonly #opts: StoreConnectionOptions
+  readonly #duplicates = new Set<Redis>()
+  readonly #listeners = new Set<StoreStateListener>()
+  readonly #ready: Promise<void>
+  #state: StoreState
+  #closed = false
+
+  /** Connects and waits for the first `ready`; rejects (and closes) after `connectTimeoutMs`. */
+  static async open(opts: StoreConnectionOptions): Promise<StoreConnection> {
+    const conn = new StoreConnection(opts)
+    try {
+      await conn.whenReady()
+    } catch (err) {
+      await conn.close()
+      throw err
+    }
+    return conn
+  }
+
+  constructor(opts: StoreConnectionOptions) {
+    const commandTimeoutMs = opts.commandTimeoutMs ?? 1000
+    if (!(Number.isInteger(commandTimeoutMs) && commandTimeoutMs > 0)) throw new RangeError(`commandTimeoutMs must be a positive integer, got ${commandTimeoutMs}`)
+    if (!/^rediss?:\/\//.test(opts.url)) throw new RangeError(`store url must start with redis:// or rediss://, got '${redactUrl(opts.url)}'`)
+    this.#opts = opts
+    this.#clock = opts.clock ?? systemClock
+    this.url = redactUrl(opts.url)
+    this.#state = Object.freeze({ state: 'degraded', since: this.#clock.now(), error: 'not connected yet' })
+    opts.metrics?.up.set(0)
+    const maxBackoffMs = opts.maxBackoffMs ?? 2000
+    const random = opts.random ?? Math.random
+    const options: RedisOptions = {
+      // Until the first `ready`, commands wait for it (failing with each failed attempt, see
+      // maxRetriesPerRequest); from then on they fail at once while disconnected.
+      enableOfflineQueue: true,
+      // In-flight commands fail on a disconnect instead of being resent after it: a caller that
+      // got an error may retry, but nothing it gave up on runs later behind its back.
+      maxRetriesPerRequest: 0,
+      autoResendUnfulfilledCommands: false,
+      commandTimeout: commandTimeoutMs,
+      socketTimeout: commandTimeoutMs,
+      connectTimeout: Math.max(commandTimeoutMs, 1000),
+      retryStrategy: (times) => {
+        const cap = Math.min(maxBackoffMs, 25 * 2 ** Math.min(times, 16))
+        return Math.round(cap / 2 + (random() * cap) / 2)
+      },
+    }
+    this.client = failFastOnceReady(new Redis(opts.url, options))
+    this.client.on('error', (err: Error) => this.#error(err))
+    this.client.on('ready', () => this.#set('ok'))
+    this.client.on('close', () => this.#set('degraded'))
+    this.client.on('end', () => this.#set('degraded'))
+    this.#ready = new Promise<void>((resolve) => {
+      if (this.client.status === 'ready') resolve()
+      else this.client.once('ready', () => resolve())
+    })
+    this.#ready.catch(() => {})
+  }
+
+  get state(): StoreState {
+    return this.#state
+  }
+
+  /** Calls `listener` on every change between ok and degraded; returns the unsubscribe. */
+  onChange(listener: StoreStateListener): () => void {
+    this.#listeners.add(listener)
+    return () => {
+      this.#listeners.delete(listener)
+    }
+  }
+
+  /**
+   * Resolves on the first successful connection (at once if there was one); rejects after
+   * `timeoutMs` (default `connectTimeoutMs`) with the URL, without its password, and the last error.
+   */
+  whenReady(timeoutMs = this.#opts.connectTimeoutMs ?? 10_000): Promise<void> {
+    return new Promise((resolve, reject) => {
+      const timer = this.#clock.setTimeout(() => {
+        reject(new Error(`the shared store at ${this.url} did not answer within ${timeoutMs} ms (${this.#state.error ?? 'no error reported'})`))
+      }, timeoutMs)
+      timer.unref?.()
+      this.#ready.then(() => {
+        this.#clock.clearTimeout(timer)
+        resolve()
+      })
+    })
+  }
+
+  /**
+   * A new connection with the same settings, for blocking readers (XREAD BLOCK): no
+   * `commandTimeout` (it would cut every block short), a client-side guard on blocking
+   * commands instead (their BLOCK time plus `commandTimeoutMs`). Its errors are swallowed
+   * (the command connection reports the outage); `close()` closes it too.
+   */
+  duplicate(): Redis {
+    const timeout = this.#opts.commandTimeoutMs ?? 1000
+    const dup = failFastOnceReady(this.client.duplicate({ enableOfflineQueue: true, commandTimeout: undefined, socketTimeout: undefined, blockingTimeout: 60_000, blockingTimeoutGrace: timeout }))
+    dup.on('error', () => {})
+    dup.once('end', () => this.#duplicates.delete(dup))
+    this.#duplicates.add(dup)
+    if (this.#closed) dup.disconnect()
+    return dup
+  }
+
+  /** Quits every connection (the duplicates too); no more changes are reported. */
+  async close(): Promise<void> {
+    if (this.#closed) return
+    this.#closed = true
+    this.#listeners.clear()
+    // A duplicate may sit in a blocking read that a QUIT would queue behind: cut it.
+    for (const dup of this.#duplicates) dup.disconnect()
+    await quit(this.client, this.#opts.commandTimeoutMs ?? 1000)
+  }
+
+  #error(err: Error): void {
+    const error = redactText(err.message, this.#opts.url)
+    if (this.#state.error === error) return
+    // A detail of the current state, not a change: listeners hear of ok ↔ degraded only.
+    this.#state = Object.freeze({ ...this.#state, error })
+  }
+
+  #set(state: 'ok' | 'degraded'): void {
+    if (this.#closed || this.#state.state === state) return
+    const error = state === 'ok' ? undefined : (this.#state.error ?? 'connection closed')
+    this.#state = Object.freeze(error === undefined ? { state, since: this.#clock.now() } : { state, since: this.#clock.now(), error })
+    this.#opts.metrics?.up.set(state === 'ok' ? 1 : 0)
+    if (state === 'ok') this.#opts.logger?.info({ store: this.url }, 'shared store reachable')
+    else this.#opts.logger?.warn({ store: this.url, err: error }, 'shared store unreachable; routing continues, shared writes fail until it is back')
+    for (const fn of [...this.#listeners]) fn(this.#state)
+  }
+}
+
+/** `url` with its password replaced by `***` (for logs and errors); an unparsable one is not echoed. */
+export function redactUrl(url: string): string {
+  try {
+    const u = new URL(url)
+    if (u.password) u.password = '***'
+    return u.toString()
+  } catch {
+    return '<unparsable url>'
+  }
+}
+
+function redactText(text: string, url: string): string {
+  let password = ''
+  try {
+    password = decodeURIComponent(new URL(url).password)
+  } catch {}
+  return password ? text.split(password).join('***') : text
+}
+
+function failFastOnceReady(redis: Redis): Redis {
+  redis.once('ready', () => {
+    redis.options.enableOfflineQueue = false
+  })
+  return redis
+}
+
+/** QUIT if connected (bounded by `ms`), else drop the socket and stop reconnecting. */
+async function quit(redis: Redis, ms: number): Promise<void> {
+  if (redis.status === 'end') return
+  if (redis.status !== 'ready') return redis.disconnect()
+  const ended = new Promise<void>((resolve) => {
+    redis.once('end', resolve)
+    setTimeout(resolve, ms).unref()
+  })
+  await redis.quit().catch(() => redis.disconnect())
+  await ended
+}

@@ -1,0 +1,99 @@
+import t from 'tap'
+import { ManualClock } from '../../common/clock.js'
+import { freePort } from '../../common/ports.js'
+import { redactUrl, StoreConnection, type StoreState } from '../../router/src/store/connection.js'
+import { waitFor } from '../helpers/cluster.js'
+import { needRedis, startRedis } from '../helpers/redis.js'
+
+t.test('redactUrl hides the password and nothing else', async (t) => {
+  t.equal(redactUrl('redis://:s3cret@db.example:6380/2'), 'redis://:***@db.example:6380/2')
+  t.equal(redactUrl('rediss://user:s3cret@db.example:6380'), 'rediss://user:***@db.example:6380')
+  t.equal(redactUrl('redis://127.0.0.1:6379'), 'redis://127.0.0.1:6379')
+  t.equal(redactUrl('not a url :s3cret@'), '<unparsable url>')
+})
+
+t.test('bad options are rejected in the constructor', async (t) => {
+  t.throws(() => new StoreConnection({ url: 'http://x:1' }), RangeError)
+  t.throws(() => new StoreConnection({ url: 'redis://x:1', commandTimeoutMs: 0 }), RangeError)
+})
+
+t.test('open() gives up after its timeout, naming the URL without its password', async (t) => {
+  const port = await freePort()
+  const clock = new ManualClock()
+  const opening = StoreConnection.open({ url: `redis://:hunter2@127.0.0.1:${port}`, clock, connectTimeoutMs: 3000 })
+  // Let it fail a connection or two first, so the error names the cause.
+  await new Promise((r) => setTimeout(r, 200))
+  clock.advance(3000)
+  const err = (await opening.then(() => undefined, (e: unknown) => e)) as Error
+  t.ok(err instanceof Error, 'rejects')
+  t.match(err.message, `redis://:***@127.0.0.1:${port}`)
+  t.match(err.message, /3000 ms/)
+  t.notMatch(err.message, /hunter2/)
+})
+
+t.test('with a real Redis', { skip: needRedis(t) }, async (t) => {
+  t.test('ok while connected, degraded in an outage (commands fail fast), ok again without a restart', async (t) => {
+    const server = await startRedis(t)
+    const up: number[] = []
+    const changes: StoreState[] = []
+    const conn = await StoreConnection.open({ url: server.url, commandTimeoutMs: 500, maxBackoffMs: 200, metrics: { up: { set: (v) => up.push(v) } } })
+    t.teardown(() => conn.close())
+    conn.onChange((s) => changes.push(s))
+    t.equal(conn.state.state, 'ok')
+    t.equal(conn.state.error, undefined)
+    t.same(up, [0, 1], 'the gauge: 0 until connected, then 1')
+    await conn.client.set('k', 'v')
+    const reader = conn.duplicate()
+    t.equal(await reader.get('k'), 'v', 'a duplicate reaches the same server')
+
+    await server.stop()
+    t.ok(await waitFor(() => conn.state.state === 'degraded', 5000), 'degraded once Redis is gone')
+    t.type(conn.state.error, 'string', 'with the reason')
+    t.ok(conn.state.since > 0)
+    const started = Date.now()
+    await t.rejects(conn.client.get('k'), 'a command during the outage fails')
+    t.ok(Date.now() - started < 2000, 'fast, not queued until Redis is back')
+    await t.rejects(reader.get('k'), 'on a duplicate too')
+
+    await server.start()
+    t.ok(await waitFor(() => conn.state.state === 'ok', 10_000), 'ok again once Redis is back')
+    t.equal(await conn.client.set('k', 'w'), 'OK')
+    t.ok(await waitFor(() => reader.status === 'ready', 10_000), 'the duplicate reconnects too')
+    t.equal(await reader.get('k'), 'w')
+    t.same(
+      changes.map((c) => c.state),
+      ['degraded', 'ok'],
+      'one change each way',
+    )
+    t.same(up.slice(2), [0, 1])
+  })
+
+  t.test('a duplicate waits in blocking reads longer than the command timeout', async (t) => {
+    const server = await startRedis(t)
+    const conn = await StoreConnection.open({ url: server.url, commandTimeoutMs: 100 })
+    t.teardown(() => conn.close())
+    const reader = conn.duplicate()
+    const started = Date.now()
+    t.equal(await reader.xread('BLOCK', 400, 'STREAMS', 's', '$'), null, 'the BLOCK ran its course')
+    t.ok(Date.now() - started >= 350, 'not cut at commandTimeoutMs')
+    await t.rejects(conn.client.xread('BLOCK', 400, 'STREAMS', 's', '$'), /timed out/, 'the command connection is cut')
+  })
+
+  t.test('close() ends every connection, duplicates included, and reports nothing after', async (t) => {
+    const server = await startRedis(t)
+    const conn = await StoreConnection.open({ url: server.url })
+    const changes: StoreState[] = []
+    conn.onChange((s) => changes.push(s))
+    const reader = conn.duplicate()
+    const blocked = reader.xread('BLOCK', 0, 'STREAMS', 's', '$').catch((err: Error) => err)
+    await waitFor(() => reader.status === 'ready')
+    await conn.close()
+    await conn.close()
+    t.equal(conn.client.status, 'end')
+    t.ok(await waitFor(() => reader.status === 'end', 2000), 'the duplicate is closed')
+    t.type(await blocked, Error, 'a blocked read ends')
+    t.same(changes, [])
+    const late = conn.duplicate()
+    t.ok(await waitFor(() => late.status === 'end', 2000), 'a duplicate taken after close() is closed at once')
+  })
+})

@@ -17,6 +17,7 @@ import {
   RTR_ERR_INVALID_REQUEST,
   RTR_ERR_ROUTE_NOT_FOUND,
   RTR_ERR_SHUTTING_DOWN,
+  RTR_ERR_STORE_UNAVAILABLE,
   RTR_ERR_UNAUTHORIZED,
   RTR_ERR_UNSUPPORTED_MEDIA_TYPE,
   type CodedError,
@@ -26,9 +27,8 @@ import { Admission } from './admission/admission.js'
 import { AgentDirectory } from './events/agent-directory.js'
 import { EngineNotifier } from './events/engine-notifier.js'
 import { RouterEvents } from './events/router-events.js'
-import { MemoryEventStore } from './store/event-store.js'
+import { isStoreError, openRouterStore, type RouterStore } from './store/router-store.js'
 import type { LeaseEndReason, LeaseLedger, LeaseRecord } from './leases/ledger.js'
-import { MemoryLeaseLedger } from './leases/memory-ledger.js'
 import { createRouterMetrics } from './metrics.js'
 import { bearerChecker } from '../../common/bearer.js'
 import { CompletionProxy } from './proxy/proxy.js'
@@ -92,9 +92,15 @@ function httpGet(dispatcher: Dispatcher, apiKey: string | undefined): HttpGet {
   }
 }
 
+/** 503 with Retry-After: a control write the shared store cannot take now. */
+function storeUnavailable(reason: string): CodedError & { code: RouterErrorCode } {
+  return Object.assign(new RTR_ERR_STORE_UNAVAILABLE(reason), { retryAfterSeconds: 1 })
+}
+
 /** Maps fastify's own errors (parsing, validation, limits) onto router codes. */
 function toRouterError(err: FastifyError, bodyLimit: number, contentType: string | undefined): CodedError & { code: RouterErrorCode } {
   if (isRouterError(err)) return err
+  if (isStoreError(err)) return storeUnavailable(err.message)
   if (err.validation) return new RTR_ERR_INVALID_REQUEST(`${err.validationContext ?? 'body'}${err.message.replace(/^(body|querystring|params|headers)/, '')}`)
   switch (err.code) {
     case 'FST_ERR_CTP_INVALID_JSON_BODY':
@@ -138,6 +144,16 @@ export async function buildApp(deps: RouterDeps): Promise<FastifyInstance> {
   const registry = new TopologyRegistry({ clock, policy: config.health, instances: config.instances })
   const metrics = createRouterMetrics()
   const agents = new AgentDirectory({ clock })
+  const store = await openRouterStore({
+    config,
+    clock,
+    logger: app.log.child({ component: 'store' }),
+    onDelivered: (event, ms) => metrics.eventDelivery.observe({ type: event.type }, ms / 1000),
+    // Redis came back empty: a new log, so every agent starts over (ending its stream makes it register again).
+    onEventLogReset: () => app.endAgentStreams(),
+    metrics: { up: metrics.storeUp },
+  })
+  const shared = await store.share({ registry, agents })
   const engineNotifier = new EngineNotifier({
     registry,
     agents,
@@ -151,26 +167,24 @@ export async function buildApp(deps: RouterDeps): Promise<FastifyInstance> {
     metrics: metrics.engineNotifications,
   })
   const events = new RouterEvents({
-    store: new MemoryEventStore({
-      clock,
-      retention: config.events.retention,
-      onDelivered: (event, ms) => metrics.eventDelivery.observe({ type: event.type }, ms / 1000),
-    }),
+    store: store.events,
     agents,
     registry,
     logger: app.log.child({ component: 'events' }),
     metrics: { events: metrics.events },
     addInstances: config.agentToken !== undefined,
     onLogged: (event) => engineNotifier.notify(event),
+    ...(shared ? { presence: shared } : {}),
   })
   const ledger =
     deps.ledger ??
-    new MemoryLeaseLedger({
-      clock,
+    store.ledger({
       ...config.leases,
       registry: metrics.registry,
       onRelease: (leases, reason) => releaseToPrefillers(events, leases, reason),
     })
+  // A router replica that died took its clients with it: leases nobody will read now.
+  store.onRouterGone((_routerId, unread) => releaseToPrefillers(events, unread, 'router_gone'))
   const drainer = new Drainer({ registry, ledger, events, clock, logger: app.log.child({ component: 'drain' }) })
   const dispatcher = upstreamAgent(config)
   const probes = probeAgent(config)
@@ -254,18 +268,36 @@ export async function buildApp(deps: RouterDeps): Promise<FastifyInstance> {
     }
     reply.header('x-request-id', req.id)
   })
+  // One router probes: this one alone, or the prober leader among several on one store. While
+  // the store is unreachable every router probes for itself (it cannot hear the leader).
+  let probing = false
+  let serving = false
+  const updateProber = (): void => {
+    metrics.proberLeader.set(store.leadership.isLeader ? 1 : 0)
+    const should = serving && deps.probe !== false && (store.leadership.isLeader || store.state.state !== 'ok')
+    if (should === probing) return
+    probing = should
+    if (should) {
+      void prober.probeAll()
+      prober.start()
+    } else prober.stop()
+  }
+  const unsubscribeStore = [store.leadership.onChange(updateProber), store.onChange(updateProber)]
   app.addHook('onReady', async () => {
-    if (deps.probe === false) return
     // One round before serving, so /v1/models and health are known from the first request.
-    await prober.probeAll()
-    prober.start()
+    if (deps.probe !== false && store.leadership.isLeader) await prober.probeAll()
+    serving = true
+    updateProber()
   })
   app.addHook('onClose', async () => {
+    serving = false
+    for (const u of unsubscribeStore) u()
     prober.stop()
     events.close()
     drainer.close()
     admission.close()
     await Promise.all([dispatcher.close(), probes.close(), engineNotifier.close()])
+    await store.close()
   })
 
   app.setErrorHandler((err: FastifyError, req, reply) => {
@@ -286,7 +318,7 @@ export async function buildApp(deps: RouterDeps): Promise<FastifyInstance> {
     return reply.code(404).send(errorBody(err))
   })
 
-  await app.register(healthRoutes, { registry, isClosing: () => closing })
+  await app.register(healthRoutes, { registry, isClosing: () => closing, store: () => ({ kind: store.kind, routerId: store.routerId, ...store.state }) })
   await app.register(metricsRoutes, {
     registry: metrics.registry,
     beforeScrape: () => {
@@ -309,8 +341,15 @@ export async function buildApp(deps: RouterDeps): Promise<FastifyInstance> {
   })
 
   // Agents: registration, event streams, acks (the agent token, when set).
+  // Writes the other routers must see are refused while the store cannot take them.
+  const storeWritable = async (req: { method: string }): Promise<void> => {
+    const state = store.state
+    if (req.method !== 'GET' && state.state !== 'ok') throw storeUnavailable(state.error ?? `unreachable since ${new Date(state.since).toISOString()}`)
+  }
   await app.register(agentStreamRoutes, {
     events,
+    ...(shared ? { presence: shared } : {}),
+    beforeRegister: storeWritable,
     agentToken: config.agentToken,
     keepAliveMs: config.events.keepAliveMs,
     drainMs: Math.min(config.shutdownGraceMs, 5000),
@@ -321,6 +360,7 @@ export async function buildApp(deps: RouterDeps): Promise<FastifyInstance> {
     admin.addHook('onRequest', async (req) => {
       if (!check) throw new RTR_ERR_ADMIN_DISABLED()
       if (!check(req)) throw new RTR_ERR_ADMIN_UNAUTHORIZED()
+      await storeWritable(req)
     })
     await admin.register(faultToleranceRoutes, { events })
     await admin.register(topologyRoutes, { registry, events, pairing: config.pairing, pairs })
@@ -328,6 +368,7 @@ export async function buildApp(deps: RouterDeps): Promise<FastifyInstance> {
   })
 
   app.decorate('topology', registry)
+  app.decorate('routerStore', store)
   app.decorate('events', events)
   app.decorate('leases', ledger)
   return app
@@ -352,6 +393,7 @@ function releaseToPrefillers(events: RouterEvents, leases: readonly LeaseRecord[
 declare module 'fastify' {
   interface FastifyInstance {
     topology: TopologyRegistry
+    routerStore: RouterStore
     events: RouterEvents
     leases: LeaseLedger
   }

@@ -50,6 +50,16 @@ export function createRouterMetrics() {
       buckets: [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30],
       registers,
     }),
+    storeUp: new Gauge({
+      name: 'handoff_router_store_up',
+      help: '1 while the shared store (Redis) answers, 0 while this router routes from its last topology without it; always 1 with the memory store',
+      registers,
+    }),
+    proberLeader: new Gauge({
+      name: 'handoff_router_prober_leader',
+      help: '1 while this router probes the engines for every router sharing its store (the prober leader), else 0',
+      registers,
+    }),
     agents: new Gauge({
       name: 'handoff_router_agents',
       help: 'Registered transfer agents, by whether an event stream is open (connected, disconnected)',

@@ -27,6 +27,8 @@ export interface AgentStreamOptions {
   presence?: { opened(agentId: string): void; closed(agentId: string): void }
   agentToken: string | undefined
   keepAliveMs: number
+  /** Runs before a registration is taken (the shared store must be able to record it). */
+  beforeRegister?: (req: { method: string }) => Promise<void>
   /** On close, how long to wait for connected agents to acknowledge what was logged, ms. */
   drainMs?: number
 }
@@ -78,6 +80,7 @@ export const agentStreamRoutes: FastifyPluginAsync<AgentStreamOptions> = async (
   }
 
   app.post<{ Body: AgentRegistration }>('/v1/agents', { schema: { body: { $ref: 'AgentRegistration#' }, response: { 200: registered } } }, async (req) => {
+    await opts.beforeRegister?.(req)
     const record = await events.registerAgent(req.body)
     return { agentId: record.agentId, instanceId: record.instanceId ?? null, lastSeq: await events.store.last(), routerId: events.store.id }
   })

@@ -27,6 +27,11 @@ export interface RedisEventStoreOptions extends EventStoreOptions {
   waitingTtlMs?: number
   /** The live reader's failures (a Redis outage); it retries every `retryMs`. */
   onError?: (err: unknown) => void
+  /**
+   * After an outage the log turned out to be another one (Redis restarted empty): `id` and
+   * the sequence start over, and every agent must too (their streams should be ended).
+   */
+  onReset?: (id: string) => void
   retryMs?: number
 }
 
@@ -104,13 +109,13 @@ return done
 type Entry = [id: string, fields: string[]]
 
 export class RedisEventStore implements EventStore {
-  readonly id: string
+  #id: string
   readonly #redis: Redis
   readonly #reader: Redis
   readonly #opts: RedisEventStoreOptions
   readonly #retention: number
   readonly #goneTtlMs: number
-  readonly #keys: { stream: string; seq: string; gone: string; waiting: string; acks: string }
+  readonly #keys: { stream: string; seq: string; gone: string; waiting: string; acks: string; id: string }
   readonly #listeners = new Set<EventListener>()
   #cursor: number
   #closed = false
@@ -133,7 +138,7 @@ export class RedisEventStore implements EventStore {
     this.#goneTtlMs = opts.goneTtlMs ?? 10 * 60_000
     this.#redis = opts.redis
     this.#reader = opts.redis.duplicate()
-    this.id = id
+    this.#id = id
     this.#cursor = cursor
     this.#keys = {
       stream: `${prefix}events`,
@@ -141,7 +146,12 @@ export class RedisEventStore implements EventStore {
       gone: `${prefix}events:gone`,
       waiting: `${prefix}events:waiting:`,
       acks: `${prefix}acks`,
+      id: `${prefix}events:id`,
     }
+  }
+
+  get id(): string {
+    return this.#id
   }
 
   async last(): Promise<number> {
@@ -303,12 +313,16 @@ export class RedisEventStore implements EventStore {
    * dispatched. Every router runs one, so each sees every router's events in stream order.
    */
   async #read(): Promise<void> {
+    let failed = false
     while (!this.#closed) {
       let res: [string, Entry[]][] | null
       try {
+        if (failed) await this.#rejoin()
+        failed = false
         res = (await this.#reader.xread('COUNT', 500, 'BLOCK', 1000, 'STREAMS', this.#keys.stream, `${this.#cursor}-0`)) as [string, Entry[]][] | null
       } catch (err) {
         if (this.#closed) return
+        failed = true
         this.#opts.onError?.(err)
         // An I/O retry, not logic under test: real time.
         await new Promise((resolve) => setTimeout(resolve, this.#opts.retryMs ?? 500))
@@ -325,6 +339,21 @@ export class RedisEventStore implements EventStore {
         this.#dispatch(parse(entry))
       }
     }
+  }
+
+  /**
+   * Back after an outage: is it still the same log? Redis restarted empty has no id (the
+   * first router back names a new one) and a sequence behind this reader's: everything
+   * starts over from the new log's current end.
+   */
+  async #rejoin(): Promise<void> {
+    await this.#redis.set(this.#keys.id, randomUUID(), 'NX')
+    const [id, last] = await Promise.all([this.#redis.get(this.#keys.id), this.#redis.get(this.#keys.seq)])
+    const seq = Number(last ?? 0)
+    if (id === this.#id && seq >= this.#cursor) return
+    this.#id = id as string
+    this.#cursor = seq
+    this.#opts.onReset?.(this.#id)
   }
 
   #dispatch(event: LoggedEvent | SnapshotEvent): void {

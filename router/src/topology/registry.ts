@@ -108,7 +108,7 @@ export class TopologyRegistry {
    * An instance joins at runtime (the autoscaler's POST /admin/instances): unprobed, so
    * eligible at once, until its first probe says otherwise. Throws on a duplicate id.
    */
-  add(cfg: InstanceConfig, source: Exclude<InstanceSource, 'config'> = 'admin'): void {
+  add(cfg: InstanceConfig, source: InstanceSource = 'admin'): void {
     this.#add(cfg, source)
     this.#emit({ type: 'added', instanceId: cfg.id, role: cfg.role })
   }

@@ -177,7 +177,21 @@ export class StoreConnection {
     this.#opts.metrics?.up.set(state === 'ok' ? 1 : 0)
     if (state === 'ok') this.#opts.logger?.info({ store: this.url }, 'shared store reachable')
     else this.#opts.logger?.warn({ store: this.url, err: error }, 'shared store unreachable; routing continues, shared writes fail until it is back')
-    for (const fn of [...this.#listeners]) fn(this.#state)
+    callEach(this.#listeners, [this.#state], this.#opts.logger)
+  }
+}
+
+/**
+ * Calls every listener with `args`; one that throws is logged and does not stop the others
+ * (listeners run inside Redis client events and timers, where a throw would crash the process).
+ */
+export function callEach<A extends unknown[]>(listeners: Iterable<(...args: A) => void>, args: A, logger: StoreLogger | undefined): void {
+  for (const fn of [...listeners]) {
+    try {
+      fn(...args)
+    } catch (err) {
+      logger?.warn({ err: err instanceof Error ? err.message : String(err) }, 'a shared-store listener failed')
+    }
   }
 }
 

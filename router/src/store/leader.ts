@@ -1,7 +1,7 @@
 import type { Redis } from 'ioredis'
 import type { Clock, ClockTimer } from '../../../common/clock.js'
 import { type Every, every } from '../../../common/timers.js'
-import type { StoreLogger } from './connection.js'
+import { callEach, type StoreLogger } from './connection.js'
 
 /**
  * Who runs the leader-only work (the prober) among routers. Leadership starts false;
@@ -271,7 +271,7 @@ export class LeaderLock implements Leadership {
 
   #emit(): void {
     const leading = this.#value !== undefined
-    for (const fn of [...this.#listeners]) fn(leading, this.#token)
+    callEach(this.#listeners, [leading, this.#token], this.#opts.logger)
   }
 
   #recovered(): void {

@@ -142,7 +142,7 @@ t.test('draining a prefiller under load: no request fails, the drain answers dra
     }
     await Promise.all(all)
   })()
-  t.ok(await waitFor(() => (app.leases.summary().byPrefill.p0 ?? 0) > 0), 'a lease on p0 is unread')
+  t.ok(await waitFor(async () => ((await app.leases.summary()).byPrefill.p0 ?? 0) > 0), 'a lease on p0 is unread')
   const drain = await post(`${url}/admin/instances/p0/drain`, { wait: true, timeoutMs: 15_000 }, auth)
   const afterDrain = sent
   await new Promise((r) => setTimeout(r, 400))
@@ -165,7 +165,7 @@ t.test('draining a prefiller under load: no request fails, the drain answers dra
     app.events.log.since(0).filter((e) => e.type === 'peer_gone'),
     [{ engineIds: ['eng-p0'], reason: 'drained: instance p0' }],
   )
-  t.same(app.leases.summary().inFlight, { issued: 0, reading: 0 })
+  t.same((await app.leases.summary()).inFlight, { issued: 0, reading: 0 })
 })
 
 t.test('a drain that runs out of time says what was left, and completes later', async (t) => {

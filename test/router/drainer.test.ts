@@ -1,5 +1,6 @@
 import t from 'tap'
 import { ManualClock } from '../../common/clock.js'
+import { RTR_ERR_STORE_UNAVAILABLE } from '../../router/src/errors.js'
 import type { PeerGoneTarget } from '../../router/src/events/router-events.js'
 import { MemoryLeaseLedger } from '../../router/src/leases/memory-ledger.js'
 import { Drainer } from '../../router/src/topology/drainer.js'
@@ -42,18 +43,18 @@ const tick = (): Promise<void> => new Promise((r) => setImmediate(r))
 t.test('an idle instance drains at once: peer_gone for its engine_ids, then it is gone', async (t) => {
   const { registry, drainer, gone } = setup()
   registry.observeEngineId('p0', 'eng-p0')
-  const s = drainer.drain('p0')
+  const s = await drainer.drain('p0')
   t.same(s, { id: 'p0', drained: true, removed: true, inflight: 0, unreadLeases: 0 })
   t.same(gone, [{ target: { engineIds: ['eng-p0', 'agent-eng-p0'] }, reason: 'drained: instance p0' }])
   t.notOk(registry.has('p0'))
-  t.throws(() => drainer.drain('p0'), { code: 'RTR_ERR_INSTANCE_NOT_FOUND' })
+  await t.rejects(drainer.drain('p0'), { code: 'RTR_ERR_INSTANCE_NOT_FOUND' })
   t.same(await drainer.wait('p0', 10), { id: 'p0', drained: false, removed: true, inflight: 0, unreadLeases: 0 }, 'nothing pending: where it stands')
 })
 
 t.test('a prefiller waits for its requests in flight, then for the leases it issued to be read', async (t) => {
   const { clock, registry, ledger, drainer, gone } = setup()
   registry.acquire('p0')
-  let s = drainer.drain('p0')
+  let s = await drainer.drain('p0')
   t.same(s, { id: 'p0', drained: false, removed: false, inflight: 1, unreadLeases: 0 })
   t.ok(registry.snapshot().instances.find((i) => i.id === 'p0')?.draining, 'admits nothing new')
   const waited = drainer.wait('p0', 60_000)
@@ -61,7 +62,7 @@ t.test('a prefiller waits for its requests in flight, then for the leases it iss
   ledger.issue(lease('r1'))
   registry.release('p0')
   await tick()
-  t.same(drainer.status('p0'), { id: 'p0', drained: false, removed: false, inflight: 0, unreadLeases: 1 })
+  t.same(await drainer.status('p0'), { id: 'p0', drained: false, removed: false, inflight: 0, unreadLeases: 1 })
   t.same(gone, [])
   ledger.reading('r1')
   ledger.done('r1')
@@ -79,31 +80,32 @@ t.test('a prefiller waits for its requests in flight, then for the leases it iss
 t.test('a wait that runs out says what was left; the drain goes on and completes when the lease lapses', async (t) => {
   const { clock, ledger, drainer, registry, lease } = setup()
   ledger.issue(lease('r1'))
-  drainer.drain('p0')
+  await drainer.drain('p0')
   const waited = drainer.wait('p0', 5000)
   clock.advance(5000)
   t.same(await waited, { id: 'p0', drained: false, removed: false, inflight: 0, unreadLeases: 1 })
   t.ok(registry.has('p0'), 'still in the topology, still draining')
-  t.same(drainer.drain('p0').unreadLeases, 1, 'draining again is the same drain')
+  t.same((await drainer.drain('p0')).unreadLeases, 1, 'draining again is the same drain')
   // The lease was never read: at its expiry P frees the blocks itself; the poll notices.
   clock.advance(25_000)
+  await tick()
   t.notOk(registry.has('p0'))
 })
 
 t.test('a caller that hangs up stops waiting; a DELETE during a drain ends it undrained', async (t) => {
   const { registry, drainer, gone } = setup()
   registry.acquire('p0')
-  drainer.drain('p0')
+  await drainer.drain('p0')
   const ac = new AbortController()
   const a = drainer.wait('p0', 60_000, ac.signal)
   ac.abort()
   t.same(await a, { id: 'p0', drained: false, removed: false, inflight: 1, unreadLeases: 0 })
   const b = drainer.wait('p0', 60_000)
-  const r = drainer.remove('p0', 'deregistered')
+  const r = await drainer.remove('p0', 'deregistered')
   t.same(r, { id: 'p0', peerGoneSeq: 1, engineIds: ['agent-eng-p0'] })
   t.same(gone[0]?.reason, 'deregistered')
   t.same(await b, { id: 'p0', drained: false, removed: true, inflight: 0, unreadLeases: 0 })
-  t.throws(() => drainer.remove('p0', 'again'), { code: 'RTR_ERR_INSTANCE_NOT_FOUND' })
+  await t.rejects(drainer.remove('p0', 'again'), { code: 'RTR_ERR_INSTANCE_NOT_FOUND' })
   registry.release('p0')
   t.pass('a slot released after removal is a no-op')
 })
@@ -117,10 +119,10 @@ t.test('a decoder that goes down or leaves: its unread leases are released to P'
   registry.recordProbe('d0', true)
   registry.recordProbe('d0', false)
   t.same(released, [['r1']], 'd0 went down')
-  const r = drainer.remove('d1', 'deregistered')
+  const r = await drainer.remove('d1', 'deregistered')
   t.same(r.peerGoneSeq, null, 'no engine_id known for d1: no peer_gone')
   t.same(released, [['r1'], ['r2', 'r3']])
-  t.equal(ledger.unreadBy('p0'), 0)
+  t.equal(await ledger.unreadBy('p0'), 0)
 })
 
 t.test('a decoder drains on its requests in flight alone', async (t) => {
@@ -128,8 +130,58 @@ t.test('a decoder drains on its requests in flight alone', async (t) => {
   // A lease whose decoder is d0 is P's to count, not d0's: d0's slot stands for it.
   ledger.issue(lease('r1', 'd0'))
   registry.acquire('d0')
-  t.same(drainer.drain('d0').inflight, 1)
+  t.same((await drainer.drain('d0')).inflight, 1)
   registry.release('d0')
   await tick()
   t.notOk(registry.has('d0'))
+})
+
+t.test('a ledger that cannot count (a shared one, Redis away) and a peer_gone that fails: nothing is decided until both work', async (t) => {
+  const { clock, registry, ledger, drainer, gone } = setup()
+  const warned: string[] = []
+  let counting = false
+  let peerGoneFails = true
+  const unreadBy = async (id: string): Promise<number> => {
+    if (!counting) throw new RTR_ERR_STORE_UNAVAILABLE('test')
+    return ledger.unreadBy(id)
+  }
+  // The memory ledger, but for unreadBy.
+  const flaky = new Proxy(ledger, {
+    get: (target, prop) => (prop === 'unreadBy' ? unreadBy : (Reflect.get(target, prop) as () => unknown).bind(target)),
+  })
+  const events = {
+    peerGone: async () => {
+      if (peerGoneFails) throw new Error('event store unavailable')
+      gone.push({ target: {}, reason: 'async' })
+      return { seq: 7, engineIds: ['eng-p0'], unknown: [], logged: true }
+    },
+    agents: { all: () => [] },
+  }
+  registry.observeEngineId('p0', 'eng-p0')
+  const d = new Drainer({ registry, ledger: flaky, events, clock, logger: { info: () => {}, warn: (_o, msg) => void warned.push(msg) }, pollMs: 100 })
+  t.teardown(() => d.close())
+  drainer.close()
+  await t.rejects(d.drain('p0'), { code: 'RTR_ERR_STORE_UNAVAILABLE' }, 'the answer fails…')
+  t.ok(registry.snapshot().instances.find((i) => i.id === 'p0')?.draining, '…but the drain has begun')
+  t.ok(warned.length > 0, 'the failed check is logged')
+  const waited = d.wait('p0', 60_000)
+  counting = true
+  clock.advance(100)
+  await tick()
+  t.ok(registry.has('p0'), 'counted nothing left, but peer_gone failed: still there')
+  peerGoneFails = false
+  clock.advance(100)
+  await tick()
+  t.notOk(registry.has('p0'), 'the next poll retires it')
+  t.same(await waited, { id: 'p0', drained: true, removed: true, inflight: 0, unreadLeases: 0 })
+  t.equal(gone.length, 1)
+})
+
+t.test('closing with a drain unfinished: its waiters get where it stands', async (t) => {
+  const { registry, drainer } = setup()
+  registry.acquire('p0')
+  await drainer.drain('p0')
+  const waited = drainer.wait('p0', 60_000)
+  drainer.close()
+  t.same(await waited, { id: 'p0', drained: false, removed: false, inflight: 1, unreadLeases: 0 })
 })

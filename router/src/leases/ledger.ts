@@ -3,8 +3,10 @@
  * the router hands out is reported here with its lifecycle, so the router can refuse to send
  * a decoder parameters whose blocks are about to go, release blocks nobody will read, and
  * tell a drain when a prefiller holds nothing unread. `MemoryLeaseLedger` keeps it in this
- * process; a Redis implementation (issue 10) keeps the same contract. `untrackedLedger`
- * records nothing (tests of the request path that do not care).
+ * process; `RedisLeaseLedger` (store/redis-lease-ledger.ts, issue 10) keeps the same contract
+ * for several routers on one Redis. `untrackedLedger` records nothing (tests of the request
+ * path that do not care). Every call on the request path is synchronous; only the questions
+ * about all routers' leases (`unreadBy`, `summary`) are async, since a shared ledger asks Redis.
  */
 export interface HandoffLease {
   /** The handoff's engine request id (fresh per handoff, sent to P and D). */
@@ -23,9 +25,11 @@ export interface HandoffLease {
 /**
  * Why the router released a lease before D read it: the client left, the decode leg failed
  * (or D refused the parameters), a bug ended the exchange, the decoder is gone (down, drained,
- * removed), or the lease was too close to expiry to dispatch (`lapsed`).
+ * removed), the lease was too close to expiry to dispatch (`lapsed`), or the router replica
+ * that proxied the request died before D was sent the parameters (`router_gone`, from a
+ * surviving replica's `RedisLeaseLedger.reap`).
  */
-export type LeaseEndReason = 'client_gone' | 'decode_failed' | 'router_error' | 'decoder_gone' | 'lapsed'
+export type LeaseEndReason = 'client_gone' | 'decode_failed' | 'router_error' | 'decoder_gone' | 'lapsed' | 'router_gone'
 
 /**
  * `issued` → `reading` → `done`, or `released` (by the router) or `lapsed` (its time ran out
@@ -56,6 +60,11 @@ export interface LeaseSummary {
   entries: number
   /** With an instance filter: its unread leases, oldest first (at most 100). */
   leases?: LeaseRecord[]
+  /**
+   * A shared ledger could not read the other routers' leases (Redis unreachable): the
+   * counts are this router's own. Absent when they are complete.
+   */
+  partial?: true
 }
 
 export interface LeaseLedger {
@@ -76,9 +85,14 @@ export interface LeaseLedger {
   release(requestId: string, reason: LeaseEndReason): void
   /** Releases every unread lease whose decoder is `decode` (it is gone); returns how many. */
   releaseDecoder(decode: string, reason: LeaseEndReason): number
-  /** Unread leases (issued and not past expiry, or reading) whose prefiller is `prefill`. */
-  unreadBy(prefill: string): number
-  summary(filter?: { instance?: string }): LeaseSummary
+  /**
+   * Unread leases (issued and not past expiry, or reading) whose prefiller is `prefill`, on
+   * every router. A shared ledger that cannot tell rejects (`RTR_ERR_STORE_UNAVAILABLE`)
+   * rather than answer with a part: a drain must not end on a partial count.
+   */
+  unreadBy(prefill: string): Promise<number>
+  /** The unread leases of every router; `partial` when a shared ledger could only count its own. */
+  summary(filter?: { instance?: string }): Promise<LeaseSummary>
   /** Calls `listener` whenever a lease stops being unread; returns the unsubscribe function. */
   onEnded(listener: (lease: LeaseRecord) => void): () => void
 }
@@ -91,7 +105,7 @@ export const untrackedLedger: LeaseLedger = Object.freeze({
   done: () => {},
   release: () => {},
   releaseDecoder: () => 0,
-  unreadBy: () => 0,
-  summary: () => ({ inFlight: { issued: 0, reading: 0 }, byPrefill: {}, byDecode: {}, oldestAgeMs: null, lapsed: { beforeDispatch: 0, unread: 0 }, released: {}, entries: 0 }),
+  unreadBy: async () => 0,
+  summary: async () => ({ inFlight: { issued: 0, reading: 0 }, byPrefill: {}, byDecode: {}, oldestAgeMs: null, lapsed: { beforeDispatch: 0, unread: 0 }, released: {}, entries: 0 }),
   onEnded: () => () => {},
 })

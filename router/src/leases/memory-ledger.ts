@@ -2,6 +2,7 @@ import type { Registry, RegistryContentType } from 'prom-client'
 import type { Clock } from '../../../common/clock.js'
 import type { HandoffLease, LeaseEndReason, LeaseLedger, LeaseRecord, LeaseSummary } from './ledger.js'
 import { createLeaseMetrics, type LeaseMetrics } from './metrics.js'
+import { tallyUnread } from './tally.js'
 
 export interface MemoryLeaseLedgerOptions {
   clock: Clock
@@ -17,9 +18,13 @@ export interface MemoryLeaseLedgerOptions {
   registry?: Registry<RegistryContentType>
   /** Leases the router released (not ones that lapsed unread): P's agent should free them now. */
   onRelease?: (leases: readonly LeaseRecord[], reason: LeaseEndReason) => void
+  /**
+   * Each change to the unread leases, in order: `set` when one is issued, redirected or
+   * being read, `delete` when it ends or is evicted. For a mirror (RedisLeaseLedger); the
+   * record is live, so copy what must outlast the call.
+   */
+  onUnread?: (change: 'set' | 'delete', lease: LeaseRecord) => void
 }
-
-const UNREAD_LISTED = 100
 
 /**
  * The lease ledger in this process's memory. Leases not yet dispatched to a decoder are kept
@@ -70,6 +75,7 @@ export class MemoryLeaseLedger implements LeaseLedger {
     index(this.#byPrefill, rec.prefill, rec.requestId)
     index(this.#byDecode, rec.decode, rec.requestId)
     this.#metrics?.issued.inc()
+    this.#o.onUnread?.('set', rec)
   }
 
   redirect(requestId: string, decode: string): void {
@@ -78,6 +84,7 @@ export class MemoryLeaseLedger implements LeaseLedger {
     unindex(this.#byDecode, rec.decode, requestId)
     rec.decode = decode
     index(this.#byDecode, decode, requestId)
+    this.#o.onUnread?.('set', rec)
   }
 
   lapsed(requestId: string): boolean {
@@ -97,6 +104,7 @@ export class MemoryLeaseLedger implements LeaseLedger {
     if (!rec) return
     rec.state = 'reading'
     this.#issued.delete(requestId)
+    this.#o.onUnread?.('set', rec)
   }
 
   done(requestId: string): void {
@@ -126,38 +134,27 @@ export class MemoryLeaseLedger implements LeaseLedger {
     return released.length
   }
 
-  unreadBy(prefill: string): number {
+  async unreadBy(prefill: string): Promise<number> {
     this.#sweep()
     return this.#byPrefill.get(prefill)?.size ?? 0
   }
 
-  summary(filter: { instance?: string } = {}): LeaseSummary {
+  async summary(filter: { instance?: string } = {}): Promise<LeaseSummary> {
     this.#sweep()
-    const now = this.#o.clock.now()
-    const inFlight = { issued: 0, reading: 0 }
-    const byPrefill: Record<string, number> = {}
-    const byDecode: Record<string, number> = {}
-    const listed: LeaseRecord[] = []
-    let oldest: number | null = null
-    for (const rec of this.#live.values()) {
-      if (filter.instance !== undefined && rec.prefill !== filter.instance && rec.decode !== filter.instance) continue
-      if (rec.state === 'issued') inFlight.issued++
-      else inFlight.reading++
-      byPrefill[rec.prefill] = (byPrefill[rec.prefill] ?? 0) + 1
-      byDecode[rec.decode] = (byDecode[rec.decode] ?? 0) + 1
-      oldest ??= now - rec.issuedAt
-      if (filter.instance !== undefined && listed.length < UNREAD_LISTED) listed.push({ ...rec })
-    }
+    const { leases, ...unread } = tallyUnread(this.#live.values(), this.#o.clock.now(), filter)
     return {
-      inFlight,
-      byPrefill,
-      byDecode,
-      oldestAgeMs: oldest,
+      ...unread,
       lapsed: { beforeDispatch: this.#totals.lapsedBeforeDispatch, unread: this.#totals.lapsedUnread },
       released: { ...this.#totals.released },
       entries: this.size,
-      ...(filter.instance !== undefined ? { leases: listed } : {}),
+      ...(filter.instance !== undefined ? { leases } : {}),
     }
+  }
+
+  /** Copies of the unread leases (issued and not past expiry, or reading), in issue order. */
+  unread(): LeaseRecord[] {
+    this.#sweep()
+    return [...this.#live.values()].map((rec) => ({ ...rec }))
   }
 
   onEnded(listener: (lease: LeaseRecord) => void): () => void {
@@ -185,6 +182,7 @@ export class MemoryLeaseLedger implements LeaseLedger {
       }
     }
     this.#ended.set(rec.requestId, rec)
+    this.#o.onUnread?.('delete', rec)
     for (const l of this.#listeners) l(rec)
   }
 
@@ -218,6 +216,7 @@ export class MemoryLeaseLedger implements LeaseLedger {
   }
 
   #forget(rec: LeaseRecord): void {
+    if (this.#live.has(rec.requestId)) this.#o.onUnread?.('delete', rec)
     this.#live.delete(rec.requestId)
     this.#issued.delete(rec.requestId)
     this.#ended.delete(rec.requestId)

@@ -11,7 +11,8 @@ import type { TopologyRegistry } from '../topology/registry.js'
  * `POST /admin/instances` (an instance joins: the only way an address gets into the topology,
  * and so the only way the router comes to dial it), `POST /admin/instances/:id/drain`
  * (optionally waiting until drained, for a Kubernetes preStop hook), `DELETE
- * /admin/instances/:id`, and `GET /leases`.
+ * /admin/instances/:id`, and `GET /leases`. With a shared ledger the drain's unread count
+ * reads Redis: while it cannot, the drain goes on and the answer is RTR_ERR_STORE_UNAVAILABLE.
  */
 export interface AdminRoutesOptions {
   registry: TopologyRegistry
@@ -91,6 +92,7 @@ const leaseSummary = {
     released: counts,
     entries: { type: 'integer' },
     leases: { type: 'array', items: leaseRecord },
+    partial: { type: 'boolean' },
   },
   required: ['inFlight', 'byPrefill', 'byDecode', 'oldestAgeMs', 'lapsed', 'released', 'entries'],
 } as const
@@ -122,7 +124,7 @@ export const adminRoutes: FastifyPluginAsync<AdminRoutesOptions> = async (app, o
     async (req, reply) => {
       const { id } = req.params
       const started = opts.clock.monotonic()
-      const now = drainer.drain(id)
+      const now = await drainer.drain(id)
       if (!req.body.wait || now.drained || now.removed) return reply.code(req.body.wait ? 200 : 202).send(now)
       // The caller hanging up ends the wait (the drain itself goes on).
       const gone = new AbortController()
@@ -133,7 +135,7 @@ export const adminRoutes: FastifyPluginAsync<AdminRoutesOptions> = async (app, o
   )
 
   app.delete<{ Params: { id: string } }>('/admin/instances/:id', { schema: { params: idParams, response: { 200: removed } } }, async (req) => {
-    const result = drainer.remove(req.params.id, `deregistered: instance ${req.params.id}`)
+    const result = await drainer.remove(req.params.id, `deregistered: instance ${req.params.id}`)
     req.log.info({ instance: req.params.id, engineIds: result.engineIds }, 'instance deregistered')
     return result
   })

@@ -26,21 +26,25 @@ export interface DrainerOptions {
   registry: TopologyRegistry
   ledger: LeaseLedger
   events: {
-    peerGone(target: PeerGoneTarget, reason: string): PeerGoneResult
+    /** Awaited: with a shared event store it writes to Redis. */
+    peerGone(target: PeerGoneTarget, reason: string): PeerGoneResult | Promise<PeerGoneResult>
     agents: { all(): readonly { instanceId?: string | undefined; engineUrl?: string | undefined; engineId: string }[] }
   }
   clock: Clock
-  logger: { info(obj: object, msg: string): void }
+  logger: { info(obj: object, msg: string): void; warn?(obj: object, msg: string): void }
   /** How often a pending drain is looked at again (leases also end by time). Default 250 ms. */
   pollMs?: number
 }
 
 interface Pending {
-  waiters: Set<(status: DrainStatus) => void>
+  waiters: Set<(status: DrainStatus | Promise<DrainStatus>) => void>
   /** Set when nothing was left and the instance was retired (not deleted by hand). */
   drained: boolean
   /** The last word, once it left the topology. */
   final?: DrainStatus
+  /** The check under way (one at a time), and whether another was asked for meanwhile. */
+  checking?: Promise<void>
+  again?: boolean
 }
 
 /**
@@ -49,7 +53,9 @@ interface Pending {
  * prefiller, no unread lease in the ledger: P's slot goes back as soon as P answered, while D
  * may still be about to read P's blocks. Then `peer_gone` for its engine_ids and it leaves
  * the topology. A decoder that goes down or leaves gets its unread leases released, so the
- * prefillers free those blocks now instead of at expiry.
+ * prefillers free those blocks now instead of at expiry. The unread count is the ledger's
+ * (every router's, with a shared one) and async: a check that cannot get it (Redis
+ * unreachable) decides nothing and is tried again at the next poll.
  */
 export class Drainer {
   readonly #o: DrainerOptions
@@ -71,8 +77,11 @@ export class Drainer {
     ]
   }
 
-  /** Starts (or continues) draining `id`; answers where it stands now. */
-  drain(id: string): DrainStatus {
+  /**
+   * Starts (or continues) draining `id`; answers where it stands now. The drain has begun
+   * even when the answer fails (the ledger could not count): asking again joins it.
+   */
+  async drain(id: string): Promise<DrainStatus> {
     const { registry } = this.#o
     if (!registry.has(id)) throw new RTR_ERR_INSTANCE_NOT_FOUND(id)
     let pending = this.#pending.get(id)
@@ -83,16 +92,19 @@ export class Drainer {
       this.#o.logger.info({ instance: id }, 'draining')
       this.#poll()
     }
-    this.#check(id)
+    await this.#check(id)
     return pending.final ?? this.status(id)
   }
 
-  /** Resolves when `id` is drained (or removed), or after `timeoutMs` with what was left. */
+  /**
+   * Resolves when `id` is drained (or removed), or after `timeoutMs` with what was left;
+   * rejects when what was left cannot be counted then.
+   */
   wait(id: string, timeoutMs: number, signal?: AbortSignal): Promise<DrainStatus> {
     const pending = this.#pending.get(id)
-    if (!pending) return Promise.resolve(this.status(id))
+    if (!pending) return this.status(id)
     return new Promise((resolve) => {
-      const done = (status: DrainStatus): void => {
+      const done = (status: DrainStatus | Promise<DrainStatus>): void => {
         this.#o.clock.clearTimeout(timer)
         signal?.removeEventListener('abort', onAbort)
         pending.waiters.delete(done)
@@ -105,14 +117,17 @@ export class Drainer {
     })
   }
 
-  status(id: string): DrainStatus {
+  async status(id: string): Promise<DrainStatus> {
     const view = this.#o.registry.snapshot().instances.find((i) => i.id === id)
-    if (!view) return { id, drained: false, removed: true, inflight: 0, unreadLeases: 0 }
-    return { id, drained: false, removed: false, inflight: view.inflight, unreadLeases: this.#o.ledger.unreadBy(id) }
+    if (!view) return removedStatus(id)
+    const unreadLeases = await this.#o.ledger.unreadBy(id)
+    // It may have left the topology while the ledger answered.
+    const now = this.#o.registry.snapshot().instances.find((i) => i.id === id)
+    return now ? { id, drained: false, removed: false, inflight: now.inflight, unreadLeases } : removedStatus(id)
   }
 
   /** Deregisters `id` now (DELETE /admin/instances/:id): peer_gone for its engine_ids, then gone. */
-  remove(id: string, reason: string): RemoveResult {
+  async remove(id: string, reason: string): Promise<RemoveResult> {
     if (!this.#o.registry.has(id)) throw new RTR_ERR_INSTANCE_NOT_FOUND(id)
     return this.#retire(id, reason)
   }
@@ -127,20 +142,43 @@ export class Drainer {
   // A registry change arrives while the registry is still telling its other subscribers:
   // look again once that is over, so they never hear of a removal in the middle of it.
   #later(id: string): void {
-    queueMicrotask(() => this.#check(id))
+    queueMicrotask(() => void this.#check(id))
   }
 
-  #check(id: string): void {
+  /** Retires `id` if nothing holds it; one check at a time, and one more if asked meanwhile. Never rejects. */
+  #check(id: string): Promise<void> {
     const pending = this.#pending.get(id)
-    if (!pending) return
-    const s = this.status(id)
-    if (s.removed || s.inflight > 0 || s.unreadLeases > 0) return
-    this.#o.logger.info({ instance: id }, 'drained')
-    pending.drained = true
-    this.#retire(id, `drained: instance ${id}`)
+    if (!pending) return Promise.resolve()
+    if (pending.checking) {
+      pending.again = true
+      return pending.checking
+    }
+    const run = async (): Promise<void> => {
+      do {
+        pending.again = false
+        const s = await this.status(id)
+        if (this.#pending.get(id) !== pending) return
+        if (s.removed || s.inflight > 0 || s.unreadLeases > 0) continue
+        this.#o.logger.info({ instance: id }, 'drained')
+        pending.drained = true
+        try {
+          await this.#retire(id, `drained: instance ${id}`)
+        } catch (err) {
+          pending.drained = false
+          throw err
+        }
+        return
+      } while (pending.again)
+    }
+    pending.checking = run()
+      .catch((err: unknown) => this.#o.logger.warn?.({ instance: id, err }, 'drain check failed; trying again at the next poll'))
+      .finally(() => {
+        pending.checking = undefined
+      })
+    return pending.checking
   }
 
-  #retire(id: string, reason: string): RemoveResult {
+  async #retire(id: string, reason: string): Promise<RemoveResult> {
     const view = this.#o.registry.snapshot().instances.find((i) => i.id === id)
     const engineIds = new Set<string>()
     if (view?.engineId) engineIds.add(view.engineId)
@@ -149,7 +187,7 @@ export class Drainer {
       if (a.instanceId === id || (view && a.engineUrl && new URL(a.engineUrl).origin === view.url)) engineIds.add(a.engineId)
     }
     // peer_gone before removal: the instance's engine_id must still be known to the events.
-    const gone = engineIds.size > 0 ? this.#o.events.peerGone({ engineIds: [...engineIds] }, reason) : undefined
+    const gone = engineIds.size > 0 ? await this.#o.events.peerGone({ engineIds: [...engineIds] }, reason) : undefined
     this.#o.registry.remove(id)
     return { id, peerGoneSeq: gone?.seq ?? null, engineIds: [...engineIds] }
   }
@@ -163,7 +201,14 @@ export class Drainer {
       this.#o.clock.clearTimeout(this.#timer)
       this.#timer = undefined
     }
-    pending.final = { ...this.status(id), drained: pending.drained }
+    if (this.#o.registry.has(id)) {
+      // Closing with the drain unfinished: where it stands, once the ledger says.
+      const last = this.status(id)
+      last.catch(() => {})
+      for (const w of [...pending.waiters]) w(last)
+      return
+    }
+    pending.final = { ...removedStatus(id), drained: pending.drained }
     for (const w of [...pending.waiters]) w(pending.final)
   }
 
@@ -171,9 +216,13 @@ export class Drainer {
     if (this.#timer || this.#pending.size === 0) return
     this.#timer = this.#o.clock.setTimeout(() => {
       this.#timer = undefined
-      for (const id of [...this.#pending.keys()]) this.#check(id)
+      for (const id of [...this.#pending.keys()]) void this.#check(id)
       this.#poll()
     }, this.#o.pollMs ?? 250)
     this.#timer.unref?.()
   }
+}
+
+function removedStatus(id: string): DrainStatus {
+  return { id, drained: false, removed: true, inflight: 0, unreadLeases: 0 }
 }

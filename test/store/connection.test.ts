@@ -68,14 +68,15 @@ t.test('with a real Redis', { skip: needRedis(t) }, async (t) => {
     t.same(up.slice(2), [0, 1])
   })
 
-  t.test('a duplicate waits in blocking reads longer than the command timeout', async (t) => {
+  t.test('a duplicate waits in blocking reads longer than the command timeout, client.duplicate() too', async (t) => {
     const server = await startRedis(t)
     const conn = await StoreConnection.open({ url: server.url, commandTimeoutMs: 100 })
     t.teardown(() => conn.close())
-    const reader = conn.duplicate()
-    const started = Date.now()
-    t.equal(await reader.xread('BLOCK', 400, 'STREAMS', 's', '$'), null, 'the BLOCK ran its course')
-    t.ok(Date.now() - started >= 350, 'not cut at commandTimeoutMs')
+    for (const reader of [conn.duplicate(), conn.client.duplicate()]) {
+      const started = Date.now()
+      t.equal(await reader.xread('BLOCK', 400, 'STREAMS', 's', '$'), null, 'the BLOCK ran its course')
+      t.ok(Date.now() - started >= 350, 'not cut at commandTimeoutMs')
+    }
     await t.rejects(conn.client.xread('BLOCK', 400, 'STREAMS', 's', '$'), /timed out/, 'the command connection is cut')
   })
 

@@ -3,7 +3,7 @@ import { ManualClock, systemClock } from '../../common/clock.js'
 import { StoreConnection } from '../../router/src/store/connection.js'
 import { LeaderLock, type LeaderLockOptions, soleLeader } from '../../router/src/store/leader.js'
 import { type Teardown, waitFor } from '../helpers/cluster.js'
-import { needRedis, type LocalRedis, startRedis } from '../helpers/redis.js'
+import { needRedis, startRedis } from '../helpers/redis.js'
 
 // Short terms keep the cases fast; bounds are generous for a loaded 2-core machine.
 const TTL = 600
@@ -36,12 +36,12 @@ t.test('bad options are rejected in the constructor', async (t) => {
 })
 
 t.test('on a real Redis', { skip: needRedis(t) }, async (t) => {
-  let cases = 0
-  const setup = async (t: Teardown, server?: LocalRedis) => {
-    const redis = server ?? (await startRedis(t))
+  // A server per case: some cases stop it.
+  const setup = async (t: Teardown) => {
+    const redis = await startRedis(t)
     const conn = await StoreConnection.open({ url: redis.url, commandTimeoutMs: 200, maxBackoffMs: 100 })
     t.teardown(() => conn.close())
-    const prefix = `lead${++cases}:`
+    const prefix = 'lead:'
     const lock = (routerId: string, clock: LeaderLockOptions['clock'] = systemClock) => {
       const l = new LeaderLock({ redis: conn.client, routerId, prefix, ttlMs: TTL, clock })
       t.teardown(() => l.stop())

@@ -4,7 +4,7 @@ import { ManualClock, systemClock } from '../../common/clock.js'
 import { StoreConnection } from '../../router/src/store/connection.js'
 import { type MemberInfo, Membership, type MembershipOptions } from '../../router/src/store/members.js'
 import { type Teardown, waitFor } from '../helpers/cluster.js'
-import { needRedis, type LocalRedis, startRedis } from '../helpers/redis.js'
+import { needRedis, startRedis } from '../helpers/redis.js'
 
 // Short TTLs keep the cases fast; bounds are generous for a loaded 2-core machine.
 const TTL = 400
@@ -15,18 +15,17 @@ interface Logged {
 }
 
 t.test('bad options are rejected in the constructor', async (t) => {
-  const redis = {} as MembershipOptions['redis']
-  t.throws(() => new Membership({ redis, routerId: 'r', ttlMs: 1, clock: systemClock }), RangeError)
-  t.throws(() => new Membership({ redis, routerId: '', ttlMs: 300, clock: systemClock }), RangeError)
+  const good: MembershipOptions = { redis: {} as MembershipOptions['redis'], routerId: 'r', ttlMs: 300, clock: systemClock }
+  for (const bad of [{ ttlMs: 1 }, { ttlMs: 300.5 }, { routerId: '' }]) t.throws(() => new Membership({ ...good, ...bad }), RangeError, JSON.stringify(bad))
 })
 
 t.test('on a real Redis', { skip: needRedis(t) }, async (t) => {
-  let cases = 0
-  const setup = async (t: Teardown, server?: LocalRedis) => {
-    const redis = server ?? (await startRedis(t))
+  // A server per case: some cases stop it.
+  const setup = async (t: Teardown) => {
+    const redis = await startRedis(t)
     const conn = await StoreConnection.open({ url: redis.url, commandTimeoutMs: 200, maxBackoffMs: 100 })
     t.teardown(() => conn.close())
-    const prefix = `members${++cases}:`
+    const prefix = 'members:'
     const logs: Logged[] = []
     const logger = { info: (_: object, msg: string) => logs.push({ level: 'info', msg }), warn: (_: object, msg: string) => logs.push({ level: 'warn', msg }) }
     const member = (routerId: string, clock: MembershipOptions['clock'] = systemClock, url?: string) => {

@@ -97,6 +97,10 @@ export class StoreConnection {
       },
     }
     this.client = failFastOnceReady(new Redis(opts.url, options))
+    // Code handed only the client (the event store's and the shared topology's live readers)
+    // duplicates it for XREAD BLOCK: a plain copy would carry the command timeout and cut every
+    // block short. Its copies are this class's reader-safe ones, closed with it.
+    this.client.duplicate = (override) => this.duplicate(override)
     this.client.on('error', (err: Error) => this.#error(err))
     this.client.on('ready', () => this.#set('ok'))
     this.client.on('close', () => this.#set('degraded'))
@@ -141,11 +145,14 @@ export class StoreConnection {
    * A new connection with the same settings, for blocking readers (XREAD BLOCK): no
    * `commandTimeout` (it would cut every block short), a client-side guard on blocking
    * commands instead (their BLOCK time plus `commandTimeoutMs`). Its errors are swallowed
-   * (the command connection reports the outage); `close()` closes it too.
+   * (the command connection reports the outage); `close()` closes it too. `client.duplicate()`
+   * comes here as well. `override` is applied last (ioredis options).
    */
-  duplicate(): Redis {
+  duplicate(override: Partial<RedisOptions> = {}): Redis {
     const timeout = this.#opts.commandTimeoutMs ?? 1000
-    const dup = failFastOnceReady(this.client.duplicate({ enableOfflineQueue: true, commandTimeout: undefined, socketTimeout: undefined, blockingTimeout: 60_000, blockingTimeoutGrace: timeout }))
+    const dup = failFastOnceReady(
+      new Redis({ ...this.client.options, enableOfflineQueue: true, commandTimeout: undefined, socketTimeout: undefined, blockingTimeout: 60_000, blockingTimeoutGrace: timeout, ...override }),
+    )
     dup.on('error', () => {})
     dup.once('end', () => this.#duplicates.delete(dup))
     this.#duplicates.add(dup)

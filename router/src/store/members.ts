@@ -179,8 +179,8 @@ export class Membership {
           const [err, added] = res?.[0] ?? [new Error('transaction aborted'), 0]
           if (err) throw err
           if (this.#failing) this.#opts.logger?.info({}, 'membership renewals reach the shared store again')
-          // Added back after a sweep took it: it was away past its TTL (see the class comment).
-          if (added === 1 && this.#wasMember) this.#opts.logger?.info({}, 'this router re-joined after its membership had expired')
+          // Added back: a sweep took it while it was away past its TTL (see the class comment), or Redis restarted empty.
+          if (added === 1 && this.#wasMember) this.#opts.logger?.info({}, 'this router re-joined: its entry had expired (swept) or Redis lost it')
           this.#failing = false
           this.#wasMember = true
           return true

@@ -144,13 +144,14 @@ export async function buildApp(deps: RouterDeps): Promise<FastifyInstance> {
   const registry = new TopologyRegistry({ clock, policy: config.health, instances: config.instances })
   const metrics = createRouterMetrics()
   const agents = new AgentDirectory({ clock })
+  let agentStreams = { endAll: (): void => {} }
   const store = await openRouterStore({
     config,
     clock,
     logger: app.log.child({ component: 'store' }),
     onDelivered: (event, ms) => metrics.eventDelivery.observe({ type: event.type }, ms / 1000),
     // Redis came back empty: a new log, so every agent starts over (ending its stream makes it register again).
-    onEventLogReset: () => app.endAgentStreams(),
+    onEventLogReset: () => agentStreams.endAll(),
     metrics: { up: metrics.storeUp },
   })
   const shared = await store.share({ registry, agents })
@@ -185,7 +186,7 @@ export async function buildApp(deps: RouterDeps): Promise<FastifyInstance> {
     })
   // A router replica that died took its clients with it: leases nobody will read now.
   store.onRouterGone((_routerId, unread) => releaseToPrefillers(events, unread, 'router_gone'))
-  const drainer = new Drainer({ registry, ledger, events, clock, logger: app.log.child({ component: 'drain' }) })
+  const drainer = new Drainer({ registry, ledger, events, clock, logger: app.log.child({ component: 'drain' }), ...(shared ? { remoteInflight: shared.remoteInflight } : {}) })
   const dispatcher = upstreamAgent(config)
   const probes = probeAgent(config)
   const pairLog = app.log.child({ component: 'pairs' })
@@ -350,6 +351,7 @@ export async function buildApp(deps: RouterDeps): Promise<FastifyInstance> {
     events,
     ...(shared ? { presence: shared } : {}),
     beforeRegister: storeWritable,
+    onStreams: (streams) => (agentStreams = streams),
     agentToken: config.agentToken,
     keepAliveMs: config.events.keepAliveMs,
     drainMs: Math.min(config.shutdownGraceMs, 5000),

@@ -162,7 +162,7 @@ t.test('draining a prefiller under load: no request fails, the drain answers dra
     ['d0', 'p1'],
   )
   t.match(
-    app.events.log.since(0).filter((e) => e.type === 'peer_gone'),
+    (await app.events.store.since(0)).filter((e) => e.type === 'peer_gone'),
     [{ engineIds: ['eng-p0'], reason: 'drained: instance p0' }],
   )
   t.same((await app.leases.summary()).inFlight, { issued: 0, reading: 0 })

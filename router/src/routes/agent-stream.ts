@@ -5,13 +5,6 @@ import { RTR_ERR_AGENT_UNAUTHORIZED, RTR_ERR_AGENT_UNKNOWN } from '../errors.js'
 import type { RouterEvents } from '../events/router-events.js'
 import { bearerChecker } from '../../../common/bearer.js'
 
-declare module 'fastify' {
-  interface FastifyInstance {
-    /** Ends every agent event stream this router holds (their agents register again). */
-    endAgentStreams(): void
-  }
-}
-
 /**
  * The agents' side of the event log (DESIGN "Events"):
  * - `POST /v1/agents`: registration once the agent's engine attached;
@@ -27,6 +20,11 @@ export interface AgentStreamOptions {
   presence?: { opened(agentId: string): void; closed(agentId: string): void }
   agentToken: string | undefined
   keepAliveMs: number
+  /**
+   * Gets a handle that ends every stream this router holds: when the log was replaced (Redis
+   * restarted empty) every agent must start over, and an ended stream makes it register again.
+   */
+  onStreams?: (streams: { endAll(): void }) => void
   /** Runs before a registration is taken (the shared store must be able to record it). */
   beforeRegister?: (req: { method: string }) => Promise<void>
   /** On close, how long to wait for connected agents to acknowledge what was logged, ms. */
@@ -69,9 +67,7 @@ export const agentStreamRoutes: FastifyPluginAsync<AgentStreamOptions> = async (
   const endAll = (): void => {
     for (const res of open) res.end()
   }
-  // The log was replaced (Redis restarted empty): every agent starts over, after registering
-  // again, which ending its stream makes it do.
-  app.decorate('endAgentStreams', endAll)
+  opts.onStreams?.({ endAll })
   const check = bearerChecker(opts.agentToken ? [opts.agentToken] : [])
   if (check) {
     app.addHook('onRequest', async (req) => {

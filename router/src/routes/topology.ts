@@ -16,7 +16,8 @@ export const topologyRoutes: FastifyPluginAsync<{ registry: TopologyRegistry; ev
     const snap = opts.registry.snapshot()
     const agents = opts.events.agents.all()
     const store = opts.events.store
-    const acked = new Map(await Promise.all(agents.map(async (a) => [a.agentId, await store.acked(a.agentId)] as const)))
+    // The store may be unreachable (Redis away): the topology is still this router's to show.
+    const acked = new Map(await Promise.all(agents.map(async (a) => [a.agentId, await store.acked(a.agentId).catch(() => null)] as const)))
     const instances = snap.instances.map((i) => ({
       id: i.id,
       role: i.role,
@@ -29,7 +30,7 @@ export const topologyRoutes: FastifyPluginAsync<{ registry: TopologyRegistry; ev
       models: i.models ? [...i.models] : null,
       agents: agents
         .filter((a) => a.instanceId === i.id)
-        .map((a) => ({ agentId: a.agentId, engineId: a.engineId, peerAddress: a.peerAddress, streams: a.streams, acked: acked.get(a.agentId) ?? 0 })),
+        .map((a) => ({ agentId: a.agentId, engineId: a.engineId, peerAddress: a.peerAddress, streams: a.streams, acked: acked.get(a.agentId) ?? null })),
     }))
     const prefillers = snap.instances.filter((i) => i.role !== 'decode')
     const decoders = snap.instances.filter((i) => i.role !== 'prefill')
@@ -39,7 +40,10 @@ export const topologyRoutes: FastifyPluginAsync<{ registry: TopologyRegistry; ev
       instances,
       pairing: { ...opts.pairing, pairs, resting: opts.pairs.list() },
       unattachedAgents: agents.filter((a) => a.instanceId === undefined).map((a) => ({ agentId: a.agentId, engineId: a.engineId, peerAddress: a.peerAddress })),
-      events: { first: await store.first(), last: await store.last() },
+      events: await Promise.all([store.first(), store.last()]).then(
+        ([first, last]) => ({ first, last }),
+        () => null,
+      ),
     }
   })
 }

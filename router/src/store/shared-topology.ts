@@ -348,7 +348,11 @@ export class SharedTopology implements StreamPresence {
       if (!r.role || !r.url) return
       registry.add({ id: r.id, role: r.role, url: r.url, ...(r.labels ? { labels: r.labels } : {}) }, r.source ?? 'admin')
     }
-    if (r.draining && !registry.describe(r.id)?.draining) registry.drain(r.id)
+    if (r.draining && !registry.describe(r.id)?.draining) {
+      registry.drain(r.id)
+      // The router draining it counts this one's requests there too.
+      this.#publishInflight(r.id)
+    }
     if (r.engineId) registry.observeEngineId(r.id, r.engineId)
   }
 

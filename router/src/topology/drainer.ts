@@ -34,6 +34,8 @@ export interface DrainerOptions {
   logger: { info(obj: object, msg: string): void; warn?(obj: object, msg: string): void }
   /** How often a pending drain is looked at again (leases also end by time). Default 250 ms. */
   pollMs?: number
+  /** Requests in flight at the instance on the other routers sharing the store (default none). */
+  remoteInflight?: (id: string) => Promise<number>
 }
 
 interface Pending {
@@ -120,10 +122,10 @@ export class Drainer {
   async status(id: string): Promise<DrainStatus> {
     const view = this.#o.registry.snapshot().instances.find((i) => i.id === id)
     if (!view) return removedStatus(id)
-    const unreadLeases = await this.#o.ledger.unreadBy(id)
+    const [unreadLeases, remote] = await Promise.all([this.#o.ledger.unreadBy(id), this.#o.remoteInflight?.(id) ?? 0])
     // It may have left the topology while the ledger answered.
     const now = this.#o.registry.snapshot().instances.find((i) => i.id === id)
-    return now ? { id, drained: false, removed: false, inflight: now.inflight, unreadLeases } : removedStatus(id)
+    return now ? { id, drained: false, removed: false, inflight: now.inflight + remote, unreadLeases } : removedStatus(id)
   }
 
   /** Deregisters `id` now (DELETE /admin/instances/:id): peer_gone for its engine_ids, then gone. */

@@ -216,3 +216,13 @@ export async function metric(url: string, name: string, labels: Record<string, s
 }
 
 export const sleep = (ms: number): Promise<void> => new Promise((resolve) => setTimeout(resolve, ms))
+
+/** Polls `check` every 10 ms until it holds or `ms` pass; returns the elapsed ms, or -1 on timeout. */
+export async function within(ms: number, check: () => Promise<boolean>): Promise<number> {
+  const start = performance.now()
+  while (performance.now() - start < ms) {
+    if (await check().catch(() => false)) return performance.now() - start
+    await sleep(10)
+  }
+  return -1
+}

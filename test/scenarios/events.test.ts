@@ -2,7 +2,7 @@ import { freePort } from '../../common/ports.js'
 import t, { type Test } from 'tap'
 import type { SpawnedService } from '../../common/spawn.js'
 import { get, post } from '../helpers/cluster.js'
-import { complete, completionBody, metric, sleep, startEngine, startRouterProcess, tally, type Engine, type Outcome } from '../helpers/pd-agents.js'
+import { complete, completionBody, metric, sleep, startEngine, startRouterProcess, tally, within, type Engine, type Outcome } from '../helpers/pd-agents.js'
 import { needNixl, probeNixl } from '../native/helpers.js'
 
 /*
@@ -39,15 +39,6 @@ async function agentStatus(e: Engine): Promise<{ agentId: string; engineId: stri
   return (await get(`${e.agent.url}/v1/status`)).json()
 }
 
-/** Polls until `check` holds or `ms` pass; returns the elapsed ms, or -1 on timeout. */
-async function within(ms: number, check: () => Promise<boolean>): Promise<number> {
-  const start = performance.now()
-  while (performance.now() - start < ms) {
-    if (await check().catch(() => false)) return performance.now() - start
-    await sleep(10)
-  }
-  return -1
-}
 
 async function cluster(t: Test, routerPort: number, agentUrls?: (routerUrl: string) => string) {
   const routerUrl = `http://127.0.0.1:${routerPort}`

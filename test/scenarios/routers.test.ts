@@ -2,7 +2,7 @@ import t, { type Test } from 'tap'
 import { freePort } from '../../common/ports.js'
 import type { SpawnedService } from '../../common/spawn.js'
 import { get, post } from '../helpers/cluster.js'
-import { complete, completionBody, metric, sleep, startEngine, startRouterProcess, tally, type Engine, type Outcome } from '../helpers/pd-agents.js'
+import { complete, completionBody, metric, sleep, startEngine, startRouterProcess, tally, within, type Engine, type Outcome } from '../helpers/pd-agents.js'
 import { needRedis, startRedis, type LocalRedis } from '../helpers/redis.js'
 import { needNixl, probeNixl } from '../native/helpers.js'
 
@@ -34,15 +34,6 @@ interface Status {
 
 const agentStatus = async (e: Engine): Promise<Status> => (await get(`${e.agent.url}/v1/status`)).json()
 
-/** Polls until `check` holds or `ms` pass; returns the elapsed ms, or -1 on timeout. */
-async function within(ms: number, check: () => Promise<boolean>): Promise<number> {
-  const start = performance.now()
-  while (performance.now() - start < ms) {
-    if (await check().catch(() => false)) return performance.now() - start
-    await sleep(20)
-  }
-  return -1
-}
 
 interface Fleet {
   redis: LocalRedis

@@ -166,50 +166,38 @@ export class RedisEventStore implements EventStore {
   async append(input: EventInput, expected: readonly string[]): Promise<LoggedEvent> {
     const at = this.#opts.clock.now()
     const body = { ...input, at }
-    const gone = input.type === 'peer_gone' ? input.engineIds : []
-    const seq = (await this.#redis.eval(
-      APPEND,
+    const seq = (await this.#append(APPEND, body, expected, input.type === 'peer_gone' ? input.engineIds : [])) as number
+    return { ...body, seq } as LoggedEvent
+  }
+
+  async appendPeerGone(input: PeerGoneInput, expected: readonly string[]): Promise<PeerGoneEvent | undefined> {
+    const at = this.#opts.clock.now()
+    const [seq, ...fresh] = (await this.#append(APPEND_PEER_GONE, { ...input, engineIds: FRESH, at }, expected, input.engineIds)) as [number, ...string[]]
+    if (seq === 0) return undefined
+    return { ...input, engineIds: fresh, at, seq }
+  }
+
+  /** Runs an append script with the arguments both take (see APPEND). */
+  #append(script: string, body: { at: number } & Record<string, unknown>, expected: readonly string[], gone: readonly string[]): Promise<unknown> {
+    const { at } = body
+    const k = this.#keys
+    return this.#redis.eval(
+      script,
       3,
-      this.#keys.stream,
-      this.#keys.seq,
-      this.#keys.gone,
+      k.stream,
+      k.seq,
+      k.gone,
       JSON.stringify(body),
       JSON.stringify(expected),
       this.#retention,
-      this.#keys.waiting,
+      k.waiting,
       this.#opts.waitingTtlMs ?? 24 * 3600_000,
       at,
       at - this.#goneTtlMs,
       expected.length,
       ...expected,
       ...gone,
-    )) as number
-    return { ...body, seq } as LoggedEvent
-  }
-
-  async appendPeerGone(input: PeerGoneInput, expected: readonly string[]): Promise<PeerGoneEvent | undefined> {
-    const at = this.#opts.clock.now()
-    const body = { ...input, engineIds: FRESH, at }
-    const res = (await this.#redis.eval(
-      APPEND_PEER_GONE,
-      3,
-      this.#keys.stream,
-      this.#keys.seq,
-      this.#keys.gone,
-      JSON.stringify(body),
-      JSON.stringify(expected),
-      this.#retention,
-      this.#keys.waiting,
-      this.#opts.waitingTtlMs ?? 24 * 3600_000,
-      at,
-      at - this.#goneTtlMs,
-      expected.length,
-      ...expected,
-      ...input.engineIds,
-    )) as [number, ...string[]]
-    const [seq, ...fresh] = res
-    if (seq === 0) return undefined
-    return { ...input, engineIds: fresh, at, seq }
+    )
   }
 
   async since(after: number): Promise<RouterEvent[]> {

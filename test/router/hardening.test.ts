@@ -118,7 +118,8 @@ t.test('a P that never finishes its answer is cut at prefillMs for the whole ans
   t.equal(res.status, 504)
   t.equal(res.json<{ error: { code: string } }>().error.code, 'RTR_ERR_UPSTREAM_TIMEOUT')
   const took = Date.now() - started
-  t.ok(took >= 550 && took < 1100, `cut after ${took} ms, not at twice prefillMs`)
+  // Below twice prefillMs: the deadline covers the whole answer, it is not restarted per chunk.
+  t.ok(took >= 550 && took < 1200, `cut after ${took} ms, not at twice prefillMs`)
 })
 
 t.test('a refused prefill connection is retried once on another P', async (t) => {

@@ -145,7 +145,7 @@ t.test('draining stops new work and says when the last request left', async (t) 
   t.same(changes, ['draining', 'drained'])
 })
 
-t.test('an engine_id change is told to subscribers', async (t) => {
+t.test('the first engine_id and a change of it are told to subscribers', async (t) => {
   const { reg } = registry()
   const changes: unknown[] = []
   const off = reg.subscribe((c) => changes.push(c))
@@ -153,7 +153,10 @@ t.test('an engine_id change is told to subscribers', async (t) => {
   reg.observeEngineId('p', 'e2')
   off()
   reg.observeEngineId('p', 'e3')
-  t.same(changes, [{ type: 'engine_id_changed', instanceId: 'p', address: '127.0.0.1:1001', previous: 'e1', current: 'e2' }])
+  t.same(changes, [
+    { type: 'engine_id_learned', instanceId: 'p', engineId: 'e1' },
+    { type: 'engine_id_changed', instanceId: 'p', address: '127.0.0.1:1001', previous: 'e1', current: 'e2' },
+  ])
 })
 
 t.test('instances join and leave at runtime; late reports for a removed one are no-ops', async (t) => {

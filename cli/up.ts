@@ -1,9 +1,12 @@
+import { spawn, spawnSync } from 'node:child_process'
+import { once } from 'node:events'
 import { parseArgs } from 'node:util'
 import { freePort } from '../common/ports.js'
-import { spawnService, type SpawnedService } from '../common/spawn.js'
+import { spawnService, type SpawnedService, type SpawnOptions } from '../common/spawn.js'
 
 const HELP = `usage: handoff up [--prefill N] [--decode M] [--both K] [--port P] [--host H]
                   [--kv auto|agent|none] [--lease-seconds S] [--kv-load-failure-policy fail|recompute]
+                  [--routers R] [--store memory|redis|redis://HOST:PORT]
                   [--model NAME] [--admin-token T] [--verbose]
 
 Starts a local P/D cluster: N prefill and M decode simulators and a router in front of them,
@@ -16,17 +19,110 @@ stops every child on SIGINT/SIGTERM.
 --kv auto    (default) agent when NIXL loads, otherwise none, saying why on stderr.
 --admin-token T   the router's admin token (POST /fault_tolerance/event and other control
              endpoints; passed in the environment, not on a command line).
+--routers R  R router replicas (default 1, at most 16) over the same simulators, sharing one
+             store (docs/several-routers.md). The first listens on --port, the others on free
+             ports; "handoff ready" names the first, stderr the others. R > 1 needs --store redis
+             or a redis:// URL.
+--store S    the routers' store: memory (default; one router alone), a redis:// URL used as
+             given, or redis: a local redis-server child on a free loopback port, nothing
+             persisted, stopped with the cluster (needs redis-server installed). Routers get
+             it in the environment (HANDOFF_STORE), not on a command line.
 
-With agents, the router's port is chosen first (a free one for --port 0) and every agent
-follows the router's event log at it (--router-url): agents start before the router and
-their link retries until it serves.
+With agents, every router's port is chosen first (a free one for --port 0) and every agent
+follows the routers' event log (--router-url, every router's URL, the first router first,
+the next one when one cannot be reached): agents start before the routers and their link
+retries until one serves.
 `
+const MAX_ROUTERS = 16
 
 function count(value: string | undefined, name: string, fallback: number): number {
   if (value === undefined) return fallback
   const n = Number(value)
   if (!Number.isInteger(n) || n < 0 || n > 64) throw new Error(`--${name} must be an integer from 0 to 64, got '${value}'`)
   return n
+}
+
+function routerCount(value: string | undefined): number {
+  if (value === undefined) return 1
+  const n = Number(value)
+  if (!Number.isInteger(n) || n < 1 || n > MAX_ROUTERS) throw new Error(`--routers must be an integer from 1 to ${MAX_ROUTERS}, got '${value}'`)
+  return n
+}
+
+/** `--store`: memory, a redis:// URL as given, or `redis` (a local redis-server this command runs). */
+type StoreChoice = { kind: 'memory' } | { kind: 'url'; url: string } | { kind: 'local' }
+
+function storeOption(value: string | undefined, routers: number): StoreChoice | undefined {
+  let store: StoreChoice | undefined
+  if (value === undefined) store = undefined
+  else if (value === 'memory') store = { kind: 'memory' }
+  else if (value === 'redis') store = { kind: 'local' }
+  else if (/^rediss?:\/\/\S+$/.test(value)) store = { kind: 'url', url: value }
+  else throw new Error(`--store must be memory, redis or a redis:// URL, got '${value}'`)
+  // Routers on separate memory stores would each see only their own events and leases.
+  if (routers > 1 && (store === undefined || store.kind === 'memory')) {
+    throw new Error(`--routers ${routers} needs a store the routers share: --store redis (a local redis-server) or --store redis://HOST:PORT`)
+  }
+  if (store?.kind === 'local' && spawnSync('redis-server', ['--version'], { stdio: 'ignore' }).error) {
+    throw new Error('--store redis runs a local redis-server, which is not installed (Debian/Ubuntu: apt-get install redis-server); or pass --store redis://HOST:PORT')
+  }
+  return store
+}
+
+/*
+ * redis-server has no parent-death option, so a wrapper shell stops it when its stdin (a pipe
+ * from this process) closes: on a clean stop, and when `handoff up` is killed outright, as the
+ * handoff children do when their IPC channel closes. SIGTERM to the wrapper stops it too. The
+ * reader runs in the background, where sh gives it /dev/null unless it reads a saved copy (fd 3).
+ */
+const REDIS_WRAPPER = `exec 3<&0
+redis-server "$@" & r=$!
+(read _ <&3; kill $r) 2>/dev/null & w=$!
+trap 'kill $r 2>/dev/null' TERM INT HUP
+s=1
+while kill -0 $r 2>/dev/null; do wait $r; s=$?; done
+kill $w 2>/dev/null
+exit $s`
+
+/** A local redis-server on a free loopback port, nothing persisted; resolves once it accepts connections. */
+async function startLocalRedis(verbose: boolean): Promise<SpawnedService> {
+  const port = await freePort('127.0.0.1')
+  const args = ['--port', String(port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no']
+  const child = spawn('sh', ['-c', REDIS_WRAPPER, 'redis-server', ...args], { stdio: ['pipe', 'pipe', 'pipe'] })
+  let buffer = ''
+  let announced: () => void = () => {}
+  const listening = new Promise<true>((resolve) => (announced = () => resolve(true)))
+  const collect = (chunk: Buffer): void => {
+    if (verbose) process.stderr.write(chunk)
+    buffer = (buffer + chunk.toString('utf8')).slice(-65536)
+    // Redis 2.x to 7.x all log this once the listening socket is open.
+    if (/ready to accept connections/i.test(buffer)) announced()
+  }
+  child.stdout.on('data', collect)
+  child.stderr.on('data', collect)
+  const exited = once(child, 'exit') as Promise<[number | null, NodeJS.Signals | null]>
+  const service: SpawnedService = {
+    url: `redis://127.0.0.1:${port}`,
+    child,
+    output: () => buffer,
+    async stop(graceMs = 5000) {
+      if (child.exitCode !== null || child.signalCode !== null) return child.exitCode ?? child.signalCode
+      child.stdin.end()
+      child.kill('SIGTERM')
+      const timer = setTimeout(() => child.kill('SIGKILL'), graceMs)
+      const [code, signal] = await exited
+      clearTimeout(timer)
+      return code ?? signal
+    },
+  }
+  let timer: NodeJS.Timeout | undefined
+  const ready = await Promise.race([listening, exited.then(() => false), new Promise<false>((resolve) => (timer = setTimeout(() => resolve(false), 10000)))])
+  clearTimeout(timer)
+  if (!ready) {
+    await service.stop()
+    throw new Error(`redis-server on 127.0.0.1:${port} did not start\n${buffer}`)
+  }
+  return service
 }
 
 /** A host to dial for a listen host: a wildcard is reached on loopback. */
@@ -65,6 +161,8 @@ export async function main(argv: string[]): Promise<void> {
       'kv-load-failure-policy': { type: 'string' },
       model: { type: 'string' },
       'admin-token': { type: 'string' },
+      routers: { type: 'string' },
+      store: { type: 'string' },
       verbose: { type: 'boolean' },
       help: { type: 'boolean', short: 'h' },
     },
@@ -77,22 +175,35 @@ export async function main(argv: string[]): Promise<void> {
   const decode = count(values.decode, 'decode', 1)
   const both = count(values.both, 'both', 0)
   if (decode + both === 0) throw new Error('a cluster needs at least one --decode or --both instance')
+  const routers = routerCount(values.routers)
+  const store = storeOption(values.store, routers)
   const { kv, note } = await resolveKv(values.kv ?? 'auto')
   if (note) process.stderr.write(`handoff up: ${note}\n`)
   const host = values.host ?? '127.0.0.1'
-  // Agents need the router's URL before it exists: fix its port now.
-  const port = kv === 'agent' && (values.port ?? '8000') === '0' ? String(await freePort(host)) : (values.port ?? '8000')
-  const routerUrl = `http://${dialable(host)}:${port}`
+  // Agents need every router's URL before the routers exist: fix their ports now. Without
+  // agents the routers after the first take port 0, so no port is raced for.
+  const fixed = kv === 'agent'
+  const first = values.port ?? '8000'
+  const ports = [fixed && first === '0' ? String(await freePort(host)) : first]
+  for (let i = 1; i < routers; i++) ports.push(fixed ? String(await freePort(host)) : '0')
+  const routerUrls = ports.map((p) => `http://${dialable(host)}:${p}`).join(',')
   const verbose = values.verbose === true
 
   const children: SpawnedService[] = []
-  let stopping = false
+  // A child is listed once it is ready; until then it is only here, and stopping waits for it:
+  // a child that has not announced itself does not yet stop when this process dies.
+  const starting = new Set<Promise<SpawnedService>>()
+  let stopping: Promise<void> | undefined
+  // Routers first, so no request lands on a simulator that is already gone; each agent
+  // after its simulator, so no engine is left without its agent; a local Redis last.
+  const stopChildren = (): Promise<void> =>
+    (stopping ??= (async () => {
+      while (starting.size > 0) await Promise.allSettled([...starting])
+      for (const c of [...children].reverse()) await c.stop()
+    })())
   const stopAll = async (code: number): Promise<void> => {
     if (stopping) return
-    stopping = true
-    // Router first, so no request lands on a simulator that is already gone; each agent
-    // after its simulator, so no engine is left without its agent.
-    for (const c of [...children].reverse()) await c.stop()
+    await stopChildren()
     process.exit(code)
   }
   process.once('SIGINT', () => void stopAll(0))
@@ -112,41 +223,62 @@ export async function main(argv: string[]): Promise<void> {
     ...Array.from({ length: both }, (_, i) => ({ id: `both-${i}`, role: 'both' })),
   ]
   const watch = (c: SpawnedService): void => {
+    children.push(c)
     c.child.once('exit', (code, signal) => {
       if (stopping) return
       process.stderr.write(`handoff up: a child exited (${code ?? signal}); stopping the cluster\n${c.output().slice(-2000)}\n`)
       void stopAll(1)
     })
   }
+  const start = async (opts: SpawnOptions): Promise<SpawnedService> => {
+    if (stopping) throw new Error('handoff up is stopping')
+    const started = spawnService({ ...opts, inheritOutput: verbose })
+    starting.add(started)
+    try {
+      const c = await started
+      watch(c)
+      return c
+    } finally {
+      starting.delete(started)
+    }
+  }
   try {
+    let storeUrl = store?.kind === 'url' ? store.url : store?.kind
+    if (store?.kind === 'local') {
+      const redis = await startLocalRedis(verbose)
+      watch(redis)
+      storeUrl = redis.url
+      process.stderr.write(`handoff up: store ${redis.url} (a local redis-server, nothing persisted)\n`)
+    }
     const sims = await Promise.all(
       plan.map(async (p) => {
-        let agentArgs: string[] = []
+        let agentUrl: string | undefined
         if (kv === 'agent') {
-          const agent = await spawnService({ args: ['agent', '--port', '0', '--router-url', routerUrl, ...lease], inheritOutput: verbose })
-          children.push(agent)
-          watch(agent)
-          agentArgs = ['--agent-url', agent.url]
+          agentUrl = (await start({ args: ['agent', '--port', '0', '--router-url', routerUrls, ...lease] })).url
         }
-        const sim = await spawnService({ args: ['sim', '--role', p.role, '--port', '0', ...simArgs, ...agentArgs], inheritOutput: verbose })
-        children.push(sim)
-        watch(sim)
-        return sim
+        const sim = await start({ args: ['sim', '--role', p.role, '--port', '0', ...simArgs, ...(agentUrl ? ['--agent-url', agentUrl] : [])] })
+        return { instance: { id: p.id, role: p.role, url: sim.url }, agentUrl }
       }),
     )
-    const instances = plan.map((p, i) => ({ id: p.id, role: p.role, url: (sims[i] as SpawnedService).url }))
-    const router = await spawnService({
-      args: ['router', '--host', host, '--port', port],
-      env: { ...process.env, HANDOFF_INSTANCES: JSON.stringify(instances), ...(values['admin-token'] ? { HANDOFF_ADMIN_TOKEN: values['admin-token'] } : {}) },
-      inheritOutput: verbose,
+    const instances = sims.map((s) => s.instance)
+    // Every router gets the same instances, tokens and store. The store goes in the environment
+    // as the admin token does: a redis:// URL can carry a password.
+    const env = {
+      ...process.env,
+      HANDOFF_INSTANCES: JSON.stringify(instances),
+      ...(values['admin-token'] ? { HANDOFF_ADMIN_TOKEN: values['admin-token'] } : {}),
+      ...(storeUrl ? { HANDOFF_STORE: storeUrl } : {}),
+    }
+    const started = await Promise.all(ports.map((p) => start({ args: ['router', '--host', host, '--port', p], env })))
+    // stdout carries exactly one line, for scripts; the instance list and the other routers go to stderr.
+    for (const { instance: i, agentUrl } of sims) process.stderr.write(`  ${i.role.padEnd(7)} ${i.id.padEnd(10)} ${i.url}${agentUrl ? `  agent ${agentUrl}` : ''}\n`)
+    started.forEach((r, i) => {
+      if (i > 0) process.stderr.write(`handoff up: router ${i + 1} at ${r.url}\n`)
     })
-    children.push(router)
-    watch(router)
-    // stdout carries exactly one line, for scripts; the instance list goes to stderr.
-    for (const inst of instances) process.stderr.write(`  ${inst.role.padEnd(7)} ${inst.id.padEnd(10)} ${inst.url}\n`)
-    process.stdout.write(`handoff ready ${router.url}\n`)
+    process.stdout.write(`handoff ready ${(started[0] as SpawnedService).url}\n`)
   } catch (err) {
-    await stopAll(1).catch(() => {})
+    // Stop what started, then let the CLI print why (stopAll would exit before it could).
+    await stopChildren().catch(() => {})
     throw err
   }
 }

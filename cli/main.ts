@@ -2,6 +2,8 @@
  * `handoff <command>`: one binary, one subcommand per process kind. Each command module
  * exports `main(argv)`; they are imported lazily so `handoff sim` never loads the router.
  */
+import { followParent } from '../common/ready.js'
+
 type Command = (argv: string[]) => Promise<void>
 
 const commands: Record<string, { summary: string; load: () => Promise<Command> }> = {
@@ -9,7 +11,7 @@ const commands: Record<string, { summary: string; load: () => Promise<Command> }
   agent: { summary: 'run a transfer agent beside an engine (KV reads over NIXL, leases)', load: async () => (await import('../transfer-agent/src/main.js')).main },
   sim: { summary: 'run a vLLM-compatible engine simulator; `sim oracle` prints expected text', load: async () => (await import('../sim/src/main.js')).main },
   up: { summary: 'start a local cluster: router + simulators', load: async () => (await import('./up.js')).main },
-  bench: { summary: 'run a benchmark (overhead, nixl, agent)', load: async () => (await import('../bench/main.js')).main },
+  bench: { summary: 'run a benchmark (overhead, nixl, agent, events, routers)', load: async () => (await import('../bench/main.js')).main },
 }
 
 function usage(): string {
@@ -32,6 +34,7 @@ export async function run(argv: string[]): Promise<void> {
   await (await command.load())(rest)
 }
 
+followParent()
 run(process.argv.slice(2)).catch((err: unknown) => {
   const e = err as { code?: string; message?: string }
   process.stderr.write(`handoff: ${e.code ? `${e.code}: ` : ''}${e.message ?? String(err)}\n`)

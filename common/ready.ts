@@ -22,8 +22,21 @@ export function announceReady(service: string, url: string): void {
   if (typeof process.send === 'function' && process.connected) {
     const msg: ReadyMessage = { type: 'handoff:ready', service, url }
     process.send(msg)
-    // The channel closes when the parent dies (even by SIGKILL): shut down gracefully rather
-    // than live on as an orphan holding a port.
-    process.once('disconnect', () => process.kill(process.pid, 'SIGTERM'))
   }
+}
+
+/**
+ * A process spawned with an IPC channel lives only as long as its parent: the channel closes
+ * when the parent dies (even by SIGKILL), and the process then shuts down gracefully rather
+ * than live on as an orphan holding a port. From the start, not from readiness: a parent
+ * killed while its child is still starting must not leave the child behind. Called once, by
+ * the `handoff` entry point.
+ */
+export function followParent(): void {
+  if (typeof process.send !== 'function') return
+  if (!process.connected) {
+    process.kill(process.pid, 'SIGTERM')
+    return
+  }
+  process.once('disconnect', () => process.kill(process.pid, 'SIGTERM'))
 }

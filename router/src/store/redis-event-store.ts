@@ -138,6 +138,8 @@ export class RedisEventStore implements EventStore {
     this.#goneTtlMs = opts.goneTtlMs ?? 10 * 60_000
     this.#redis = opts.redis
     this.#reader = opts.redis.duplicate()
+    // The read loop reports and retries; an unheard error event would crash the process.
+    this.#reader.on('error', () => {})
     this.#id = id
     this.#cursor = cursor
     this.#keys = {

@@ -45,6 +45,7 @@ import { PairBreakers } from './topology/pair-breakers.js'
 import { Prober, type HttpGet } from './topology/prober.js'
 import { Drainer } from './topology/drainer.js'
 import { TopologyRegistry } from './topology/registry.js'
+import { startDiscovery, type Discovery } from './discovery/index.js'
 
 export interface RouterDeps {
   config: RouterConfig
@@ -253,6 +254,29 @@ export async function buildApp(deps: RouterDeps): Promise<FastifyInstance> {
     }
     reply.header('x-request-id', req.id)
   })
+  // Discovery before the first probe round, so pods there at start-up are probed in it. A
+  // discovery that cannot work (RBAC, credentials) fails start-up: listen() rejects.
+  let discovery: Discovery | undefined
+  app.addHook('onReady', async () => {
+    if (!config.discovery) return
+    discovery = await startDiscovery(config.discovery, {
+      clock,
+      logger: app.log.child({ component: 'discovery' }),
+      target: {
+        has: (id) => registry.has(id),
+        add: (cfg) => {
+          registry.add(cfg, 'kubernetes')
+          if (deps.probe !== false) void prober.probe(cfg.id)
+        },
+        drain: async (id) => drainer.drain(id),
+        remove: async (id, reason) => drainer.remove(id, reason),
+        onRemoved: (listener) =>
+          registry.subscribe((change) => {
+            if (change.type === 'removed') listener(change.instanceId)
+          }),
+      },
+    })
+  })
   app.addHook('onReady', async () => {
     if (deps.probe === false) return
     // One round before serving, so /v1/models and health are known from the first request.
@@ -260,6 +284,7 @@ export async function buildApp(deps: RouterDeps): Promise<FastifyInstance> {
     prober.start()
   })
   app.addHook('onClose', async () => {
+    await discovery?.stop()
     prober.stop()
     drainer.close()
     admission.close()
@@ -328,6 +353,7 @@ export async function buildApp(deps: RouterDeps): Promise<FastifyInstance> {
   app.decorate('topology', registry)
   app.decorate('events', events)
   app.decorate('leases', ledger)
+  app.decorate('discovery', () => discovery)
   return app
 }
 
@@ -352,5 +378,7 @@ declare module 'fastify' {
     topology: TopologyRegistry
     events: RouterEvents
     leases: LeaseLedger
+    /** The running discovery, once the app is ready (undefined without `discovery` config). */
+    discovery: () => Discovery | undefined
   }
 }

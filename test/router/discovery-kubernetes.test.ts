@@ -1,3 +1,4 @@
+import { execFile } from 'node:child_process'
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
@@ -9,6 +10,7 @@ import { buildApp } from '../../router/src/app.js'
 import { loadConfig } from '../../router/src/config.js'
 import { podInstanceId } from '../../router/src/discovery/kubernetes.js'
 import type { InstanceView } from '../../router/src/topology/registry.js'
+import { cliEntry } from '../../common/paths.js'
 import { freePort } from '../../common/ports.js'
 import { get, post, simRequests, startSim, waitFor, type Teardown } from '../helpers/cluster.js'
 import { needKube, startKube, type KubeUser, type LocalKube } from '../helpers/kube.js'
@@ -229,5 +231,18 @@ t.test('kubernetes discovery against a real API server', { skip: needKube(t) }, 
     t.equal(err?.code, 'RTR_ERR_CONFIG')
     t.match(err?.message, /RBAC denies listing and watching pods in namespace disc-.* \(403\): pods is forbidden: User "nobody" cannot list resource "pods"/)
     t.match(err?.message, /grant the router's service account get, list and watch on pods/)
+
+    // The same through `handoff router`: start-up fails, exit 1, the reason on stderr.
+    const config = writeConfig(t, {
+      port: 0,
+      discovery: { kind: 'kubernetes', namespace: ns, kubeconfig: kube.kubeconfig('nobody', ns), prefill: { ...PREFILL, port: 9 } },
+    })
+    const cli = await new Promise<{ code: number | null; stderr: string }>((resolve) => {
+      execFile(process.execPath, [cliEntry, 'router', '--config', config], { timeout: 30_000 }, (e, _stdout, stderr) =>
+        resolve({ code: e ? ((e as { code?: number }).code ?? null) : 0, stderr }),
+      )
+    })
+    t.equal(cli.code, 1, 'handoff router exits 1')
+    t.match(cli.stderr, /handoff: RTR_ERR_CONFIG: invalid router configuration: discovery: RBAC denies listing and watching pods/)
   })
 })

@@ -111,17 +111,29 @@ fi
 
 # --- helm --------------------------------------------------------------------------------
 if [ "$want_helm" = 1 ]; then
-  if have helm "$HELM_VERSION" version; then
+  # `helm version` alone would not show the Kubernetes version it assumes: a stamp does.
+  if have helm "$HELM_VERSION" version && [ -f "$out/helm.kube-minor" ]; then
     say "helm $HELM_VERSION: cached in $out"
   else
     t0=$(date +%s)
     say "helm $HELM_VERSION: go install helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
+    # The Kubernetes version `helm template` and `helm lint` assume (.Capabilities.KubeVersion)
+    # is set at link time, as helm's Makefile does, from the client-go it builds with
+    # (v0.X.Y is Kubernetes 1.X); left alone it says 1.20.
+    gomod=$(cd "$work" && GOFLAGS= "$go" mod download -json "helm.sh/helm/v3@$HELM_VERSION" \
+      | sed -nE 's/^[[:space:]]*"GoMod": "(.*)",?$/\1/p')
+    kminor=$(sed -nE 's/^[[:space:]]*k8s\.io\/client-go v0\.([0-9]+)\..*/\1/p' "$gomod" | head -n 1)
+    [ -n "$kminor" ] || die "cannot tell which client-go helm $HELM_VERSION uses ($gomod)"
+    hl="-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION -X helm.sh/helm/v3/internal/version.gitTreeState=clean"
+    for p in helm.sh/helm/v3/pkg/chartutil helm.sh/helm/v3/pkg/lint/rules; do
+      hl+=" -X $p.k8sVersionMajor=1 -X $p.k8sVersionMinor=$kminor"
+    done
     tmpbin=$(mktemp -d)
     trap 'rm -rf "$tmpbin"' EXIT
-    (cd "$root" && GOBIN="$tmpbin" GOFLAGS="-p=2" nice -n 19 "$go" install -trimpath \
-      -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION -X helm.sh/helm/v3/internal/version.gitTreeState=clean" \
+    (cd "$work" && GOBIN="$tmpbin" GOFLAGS="-p=2" nice -n 19 "$go" install -trimpath -ldflags "$hl" \
       "helm.sh/helm/v3/cmd/helm@$HELM_VERSION") || die "go install helm failed"
     mv "$tmpbin/helm" "$out/helm"
+    echo "$kminor" >"$out/helm.kube-minor"
     have helm "$HELM_VERSION" version || die "helm version does not say $HELM_VERSION"
     say "helm $HELM_VERSION: built in $(elapsed "$t0")"
   fi

@@ -40,10 +40,12 @@ export const kubeBinDir = join(root, '.cache/k8s', KUBE_VERSION)
  * the binaries) when they are missing, false when they are there. Under CI a missing binary is
  * a failure, never a skip.
  */
-export function needKube(t: { fail(message: string): void }): string | false {
+export function needKube(t: { fail(message: string): void }, opts: { helm?: boolean } = {}): string | false {
   const missing: string[] = []
   if (spawnSync('etcd', ['--version'], { stdio: 'ignore' }).status !== 0) missing.push('etcd (apt-get install etcd-server)')
-  if (!existsSync(join(kubeBinDir, 'kube-apiserver'))) missing.push(`${join(kubeBinDir, 'kube-apiserver')}`)
+  for (const bin of ['kube-apiserver', 'kubectl', ...(opts.helm ? ['helm'] : [])]) {
+    if (!existsSync(join(kubeBinDir, bin))) missing.push(join(kubeBinDir, bin))
+  }
   if (missing.length === 0) return false
   const reason = `${missing.join(', ')} not found: run scripts/k8s-tools.sh (builds kube-apiserver ${KUBE_VERSION}, minutes the first time)`
   if (ci) {
@@ -103,6 +105,8 @@ export interface LocalKube {
   etcdDelete(key: string): Promise<void>
   /** Runs the kubectl built beside kube-apiserver, as `user`. */
   kubectl(args: string[], user?: KubeUser): Promise<{ stdout: string; stderr: string }>
+  /** Runs helm (built by scripts/k8s-tools.sh) against this API server, as admin. */
+  helm(args: string[]): Promise<{ stdout: string; stderr: string }>
 }
 
 /** Starts etcd and kube-apiserver; both are killed and their files removed when the test ends. */
@@ -327,6 +331,12 @@ export async function startKube(t: Teardown): Promise<LocalKube> {
     },
     async kubectl(args, user = 'admin') {
       return run(join(kubeBinDir, 'kubectl'), [`--kubeconfig=${kubeconfig(user)}`, ...args], { timeout: 30_000 })
+    },
+    async helm(args) {
+      // helm keeps caches and its repository list under $HOME: a directory of this test's own.
+      const home = join(dir, 'helm-home')
+      const env = { ...process.env, HOME: home, HELM_CACHE_HOME: join(home, 'cache'), HELM_CONFIG_HOME: join(home, 'config'), HELM_DATA_HOME: join(home, 'data') }
+      return run(join(kubeBinDir, 'helm'), [`--kubeconfig=${kubeconfig('admin')}`, ...args], { timeout: 60_000, env })
     },
   }
 }

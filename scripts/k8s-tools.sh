@@ -54,6 +54,8 @@ fi
 go=$(command -v go || true)
 [ -n "$go" ] || go=/usr/local/go/bin/go
 [ -x "$go" ] || die "go not found (PATH or /usr/local/go/bin/go)"
+# Go keeps its module and build caches under $HOME; CI may run with a bare environment.
+if [ -z "${HOME:-}" ]; then HOME=$(getent passwd "$(id -u)" | cut -d: -f6); export HOME; fi
 export CGO_ENABLED=0 GOTOOLCHAIN=local GOFLAGS="-p=2 -mod=mod"
 # have BIN VERSION ARGS...: BIN exists and its version output names VERSION (else rebuilt).
 have() { [ -x "$out/$1" ] && "$out/$1" "${@:3}" 2>/dev/null | grep -qF -- "$2"; }

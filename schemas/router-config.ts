@@ -21,6 +21,36 @@ export const InstanceConfig = Type.Object(
 )
 export type InstanceConfig = Omit<Static<typeof InstanceConfig>, 'role'> & { role: InstanceRole }
 
+/** Pods of one role: a label selector (Kubernetes syntax) and the engine's port in the pod. */
+export const DiscoveryRole = Type.Object(
+  {
+    selector: Type.String({ minLength: 1 }),
+    port: Type.Integer({ minimum: 1, maximum: 65535 }),
+  },
+  { additionalProperties: false },
+)
+
+/**
+ * Engines found by the router itself (issue 11): pods that match a role's selector in
+ * `namespace` become instances while they are Ready with an IP. Combines with `instances`.
+ */
+export const DiscoveryConfig = Type.Object(
+  {
+    kind: Type.Literal('kubernetes'),
+    namespace: Type.String({ minLength: 1, maxLength: 63, pattern: '^[a-z0-9]([-a-z0-9]*[a-z0-9])?$' }),
+    // A kubeconfig file; absent: the pod's service account (in-cluster), else $KUBECONFIG or ~/.kube/config.
+    kubeconfig: Type.Optional(Type.String({ minLength: 1 })),
+    prefill: Type.Optional(DiscoveryRole),
+    decode: Type.Optional(DiscoveryRole),
+    both: Type.Optional(DiscoveryRole),
+    // After a watch fails (API server restart, network), the next try waits this long, doubling up to maxBackoffMs.
+    backoffMs: Type.Integer({ minimum: 10, default: 500 }),
+    maxBackoffMs: Type.Integer({ minimum: 10, default: 30000 }),
+  },
+  { additionalProperties: false },
+)
+export type DiscoveryConfig = Static<typeof DiscoveryConfig>
+
 export const RouterConfig = Type.Object(
   {
     host: Type.String({ default: '127.0.0.1' }),
@@ -168,6 +198,8 @@ export const RouterConfig = Type.Object(
       },
       { default: {}, additionalProperties: false },
     ),
+    // Pods found through the Kubernetes API; absent: only `instances` (and admin/agent registrations).
+    discovery: Type.Optional(DiscoveryConfig),
     // Sent as `Authorization: Bearer …` to engines started with `--api-key`.
     upstreamApiKey: Type.Optional(Type.String({ minLength: 1 })),
     shutdownGraceMs: Type.Integer({ minimum: 0, default: 30000 }),

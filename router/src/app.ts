@@ -45,6 +45,7 @@ import { PairBreakers } from './topology/pair-breakers.js'
 import { Prober, type HttpGet } from './topology/prober.js'
 import { Drainer } from './topology/drainer.js'
 import { TopologyRegistry } from './topology/registry.js'
+import { startDiscovery, type Discovery } from './discovery/index.js'
 
 export interface RouterDeps {
   config: RouterConfig
@@ -284,6 +285,30 @@ export async function buildApp(deps: RouterDeps): Promise<FastifyInstance> {
     } else prober.stop()
   }
   const unsubscribeStore = [store.leadership.onChange(updateProber), store.onChange(updateProber)]
+  // Discovery before the first probe round, so pods there at start-up are probed in it. A
+  // discovery that cannot work (RBAC, credentials) fails start-up: listen() rejects.
+  let discovery: Discovery | undefined
+  app.addHook('onReady', async () => {
+    if (!config.discovery) return
+    discovery = await startDiscovery(config.discovery, {
+      clock,
+      logger: app.log.child({ component: 'discovery' }),
+      target: {
+        has: (id) => registry.has(id),
+        discovered: (id) => registry.describe(id)?.source === 'kubernetes',
+        add: (cfg) => {
+          registry.add(cfg, 'kubernetes')
+          if (deps.probe !== false) void prober.probe(cfg.id)
+        },
+        drain: async (id) => drainer.drain(id),
+        remove: async (id, reason) => drainer.remove(id, reason),
+        onRemoved: (listener) =>
+          registry.subscribe((change) => {
+            if (change.type === 'removed') listener(change.instanceId)
+          }),
+      },
+    })
+  })
   app.addHook('onReady', async () => {
     // One round before serving, so /v1/models and health are known from the first request.
     if (deps.probe !== false && store.leadership.isLeader) await prober.probeAll()
@@ -293,6 +318,7 @@ export async function buildApp(deps: RouterDeps): Promise<FastifyInstance> {
   app.addHook('onClose', async () => {
     serving = false
     for (const u of unsubscribeStore) u()
+    await discovery?.stop()
     prober.stop()
     events.close()
     drainer.close()
@@ -373,6 +399,7 @@ export async function buildApp(deps: RouterDeps): Promise<FastifyInstance> {
   app.decorate('routerStore', store)
   app.decorate('events', events)
   app.decorate('leases', ledger)
+  app.decorate('discovery', () => discovery)
   return app
 }
 
@@ -398,5 +425,7 @@ declare module 'fastify' {
     routerStore: RouterStore
     events: RouterEvents
     leases: LeaseLedger
+    /** The running discovery, once the app is ready (undefined without `discovery` config). */
+    discovery: () => Discovery | undefined
   }
 }

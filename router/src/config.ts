@@ -98,5 +98,9 @@ export function loadConfig(sources: ConfigSources = {}): RouterConfig {
   if (config.store.kind === 'redis' && config.store.url === undefined) {
     throw new RTR_ERR_CONFIG('store.kind redis needs store.url (redis://host:port)')
   }
+  const d = config.discovery
+  if (d && !d.prefill && !d.decode && !d.both) {
+    throw new RTR_ERR_CONFIG('discovery needs at least one of prefill, decode, both ({selector, port})')
+  }
   return deepFreeze(config)
 }

@@ -78,3 +78,12 @@ t.test('store: memory by default; a redis:// URL from env or --store keeps the f
   t.throws(() => loadConfig({ file: file('{"store":{"kind":"redis"}}') }), { code: 'RTR_ERR_CONFIG', message: /needs store.url/ })
   t.throws(() => loadConfig({ file: file('{"store":{"kind":"redis","url":"http://x"}}') }), { code: 'RTR_ERR_CONFIG', message: /url/ })
 })
+
+t.test('discovery: kubernetes with at least one role; absent means static config only', async (t) => {
+  t.equal(loadConfig().discovery, undefined)
+  const c = loadConfig({ file: file(JSON.stringify({ discovery: { kind: 'kubernetes', namespace: 'llm', prefill: { selector: 'role=prefill', port: 8000 } } })) })
+  t.match(c.discovery, { kind: 'kubernetes', namespace: 'llm', prefill: { selector: 'role=prefill', port: 8000 }, backoffMs: 500, maxBackoffMs: 30000 })
+  t.throws(() => loadConfig({ file: file('{"discovery":{"kind":"kubernetes","namespace":"llm"}}') }), { code: 'RTR_ERR_CONFIG', message: /at least one of prefill, decode, both/ })
+  t.throws(() => loadConfig({ file: file('{"discovery":{"kind":"consul","namespace":"llm","both":{"selector":"a=b","port":1}}}') }), { code: 'RTR_ERR_CONFIG' })
+  t.throws(() => loadConfig({ file: file('{"discovery":{"kind":"kubernetes","namespace":"Not_A_Namespace","both":{"selector":"a=b","port":1}}}') }), { code: 'RTR_ERR_CONFIG', message: /namespace/ })
+})

@@ -28,8 +28,11 @@ export type TopologyChange =
 export type TopologyListener = (change: TopologyChange) => void
 
 /** An immutable view of one instance, as selection sees it. */
-/** Where an instance came from: the config file, an autoscaler call, or its agent's registration. */
-export type InstanceSource = 'config' | 'admin' | 'agent'
+/**
+ * Where an instance came from: the config file, an autoscaler call, its agent's registration,
+ * or Kubernetes discovery (a Ready pod matching a role's selector).
+ */
+export type InstanceSource = 'config' | 'admin' | 'agent' | 'kubernetes'
 
 export interface InstanceView {
   readonly id: string

@@ -1,0 +1,68 @@
+{{/* Names, cut to 63 characters (DNS labels). */}}
+{{- define "handoff.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "handoff.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "handoff.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{ include "handoff.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
+
+{{- define "handoff.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "handoff.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: router
+{{- end }}
+
+{{- define "handoff.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "handoff.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "handoff.secretName" -}}
+{{- default (include "handoff.fullname" .) .Values.secrets.existingSecret }}
+{{- end }}
+
+{{- define "handoff.discoveryNamespace" -}}
+{{- default .Release.Namespace .Values.discovery.namespace }}
+{{- end }}
+
+{{/*
+The router's config file. Chart-owned keys (host, port, logLevel, shutdownGraceMs, discovery)
+win over router.config; secrets are not here (HANDOFF_* from the Secret).
+*/}}
+{{- define "handoff.routerConfig" -}}
+{{- $cfg := deepCopy (default (dict) .Values.router.config) }}
+{{- $_ := set $cfg "host" "0.0.0.0" }}
+{{- $_ := set $cfg "port" (int .Values.router.port) }}
+{{- $_ := set $cfg "logLevel" .Values.router.logLevel }}
+{{- $_ := set $cfg "shutdownGraceMs" (int .Values.router.shutdownGraceMs) }}
+{{- if .Values.discovery.enabled }}
+{{- $d := dict "kind" "kubernetes" "namespace" (include "handoff.discoveryNamespace" .) }}
+{{- range $role := list "prefill" "decode" "both" }}
+{{- with index $.Values.discovery $role }}
+{{- $_ := set $d $role (dict "selector" .selector "port" (int .port)) }}
+{{- end }}
+{{- end }}
+{{- $_ := set $cfg "discovery" $d }}
+{{- end }}
+{{- toPrettyJson $cfg }}
+{{- end }}

@@ -1,0 +1,249 @@
+import { execFile } from 'node:child_process'
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs'
+import { tmpdir } from 'node:os'
+import { join } from 'node:path'
+import { Writable } from 'node:stream'
+import type { FastifyInstance } from 'fastify'
+import pino from 'pino'
+import t from 'tap'
+import { buildApp } from '../../router/src/app.js'
+import { loadConfig } from '../../router/src/config.js'
+import { podInstanceId } from '../../router/src/discovery/kubernetes.js'
+import type { InstanceView } from '../../router/src/topology/registry.js'
+import { cliEntry } from '../../common/paths.js'
+import { freePort } from '../../common/ports.js'
+import { get, post, simRequests, startSim, waitFor, type Teardown } from '../helpers/cluster.js'
+import { needKube, startKube, type KubeUser, type LocalKube } from '../helpers/kube.js'
+
+// Issue 11: discovery against a real kube-apiserver (etcd + API server, no kubelet: the test
+// writes pod status itself). One API server for the file; a namespace and a router per test.
+
+const ADMIN = 'admin-token-for-tests'
+const PREFILL = { selector: 'app=engine,role=prefill', port: 0 }
+const DECODE = { selector: 'app=engine,role=decode', port: 0 }
+
+interface Router {
+  app: FastifyInstance
+  url: string
+  logs: Record<string, unknown>[]
+  view(id: string): InstanceView | undefined
+}
+
+let namespaces = 0
+async function namespace(kube: LocalKube, grant = true): Promise<string> {
+  const ns = `disc-${process.pid}-${++namespaces}`
+  await kube.createNamespace(ns)
+  if (grant) await kube.grantPodReader(ns, 'router')
+  return ns
+}
+
+function writeConfig(t: Teardown, config: object): string {
+  const dir = mkdtempSync(join(tmpdir(), 'handoff-disc-'))
+  t.teardown(() => rmSync(dir, { recursive: true, force: true }))
+  const file = join(dir, 'router.json')
+  writeFileSync(file, JSON.stringify(config))
+  return file
+}
+
+/** The router as `handoff router --config` would build it, its logs captured. */
+async function startDiscoveringRouter(
+  t: Teardown,
+  kube: LocalKube,
+  ns: string,
+  roles: { prefill?: typeof PREFILL; decode?: typeof DECODE },
+  opts: { user?: KubeUser; probe?: boolean } = {},
+): Promise<Router> {
+  const file = writeConfig(t, {
+    port: 0,
+    logLevel: 'info',
+    adminToken: ADMIN,
+    health: { intervalMs: 200, timeoutMs: 500 },
+    discovery: { kind: 'kubernetes', namespace: ns, kubeconfig: kube.kubeconfig(opts.user ?? 'router', ns), backoffMs: 100, maxBackoffMs: 1000, ...roles },
+  })
+  const config = loadConfig({ file })
+  const logs: Record<string, unknown>[] = []
+  const sink = new Writable({
+    write(chunk: Buffer, _enc, cb) {
+      for (const line of chunk.toString('utf8').split('\n')) if (line) logs.push(JSON.parse(line) as Record<string, unknown>)
+      cb()
+    },
+  })
+  const app = await buildApp({ config, logger: pino({ level: 'info' }, sink), ...(opts.probe === false ? { probe: false } : {}) })
+  t.teardown(() => app.close())
+  const url = await app.listen({ host: '127.0.0.1', port: 0 })
+  return { app, url, logs, view: (id) => app.topology.snapshot().instances.find((i) => i.id === id) }
+}
+
+async function readyPod(kube: LocalKube, ns: string, name: string, role: 'prefill' | 'decode', podIP: string, extra: Record<string, string> = {}): Promise<void> {
+  await kube.createPod(ns, name, { labels: { app: 'engine', role, ...extra } })
+  await kube.setPodStatus(ns, name, { ready: true, podIP })
+}
+
+async function peerGones(app: FastifyInstance): Promise<{ engineIds: string[]; reason: string }[]> {
+  await app.events.settled()
+  return (await app.events.store.since(0)).filter((e) => e.type === 'peer_gone') as unknown as { engineIds: string[]; reason: string }[]
+}
+
+t.test('kubernetes discovery against a real API server', { skip: needKube(t) }, async (t) => {
+  const started = performance.now()
+  const kube = await startKube(t)
+  t.comment(`etcd + kube-apiserver ready in ${((performance.now() - started) / 1000).toFixed(1)} s (API server ${kube.startSeconds.toFixed(1)} s)`)
+
+  t.test('a Ready pod is routed to within 2 s; not Ready: no new work at once, drained, gone', async (t) => {
+    const ns = await namespace(kube)
+    // Each pod has its own loopback address; the role's port is the same for every pod.
+    const [pPort, dPort] = [await freePort(), await freePort()]
+    const prefillSim = await startSim(t, ['--role', 'prefill', '--host', '127.0.0.2', '--port', String(pPort)])
+    const decodeSim = await startSim(t, ['--role', 'decode', '--host', '127.0.0.3', '--port', String(dPort)])
+    const router = await startDiscoveringRouter(t, kube, ns, { prefill: { ...PREFILL, port: pPort }, decode: { ...DECODE, port: dPort } })
+    t.equal(router.app.topology.size, 0, 'no pods yet')
+
+    const p = podInstanceId(ns, 'prefill-0')
+    const d = podInstanceId(ns, 'decode-0')
+    await kube.createPod(ns, 'prefill-0', { labels: { app: 'engine', role: 'prefill', transfer_group: 'a' } })
+    await kube.createPod(ns, 'decode-0', { labels: { app: 'engine', role: 'decode', transfer_group: 'a' } })
+    await new Promise((r) => setTimeout(r, 300))
+    t.equal(router.app.topology.size, 0, 'a pod that is not Ready is no instance')
+
+    const t0 = performance.now()
+    await kube.setPodStatus(ns, 'prefill-0', { ready: true, podIP: '127.0.0.2' })
+    await kube.setPodStatus(ns, 'decode-0', { ready: true, podIP: '127.0.0.3' })
+    t.ok(await waitFor(() => router.view(p)?.healthy === true && router.view(d)?.healthy === true, 2000), 'both pods are healthy instances within 2 s')
+    t.comment(`Ready → healthy instances in ${Math.round(performance.now() - t0)} ms`)
+    const pv = router.view(p)
+    t.match(pv, { role: 'prefill', source: 'kubernetes', url: `http://127.0.0.2:${pPort}`, labels: { app: 'engine', role: 'prefill', transfer_group: 'a' } })
+
+    const topo = (await get(`${router.url}/topology`, { authorization: `Bearer ${ADMIN}` })).json<{ instances: { id: string; source: string; state: string }[] }>()
+    t.same(
+      topo.instances.map((i) => [i.id, i.source, i.state]).sort(),
+      [
+        [d, 'kubernetes', 'ready'],
+        [p, 'kubernetes', 'ready'],
+      ],
+      'GET /topology names them, from kubernetes',
+    )
+    const res = await post(`${router.url}/v1/completions`, { model: 'handoff/sim-1', prompt: 'hello', max_tokens: 4 })
+    t.equal(res.status, 200, res.text)
+    const completions = async (sim: typeof prefillSim): Promise<number> => (await simRequests(sim)).filter((r) => r.path === '/v1/completions').length
+    t.equal(await completions(prefillSim), 1, 'the prefill pod did the prefill')
+    t.equal(await completions(decodeSim), 1, 'the decode pod decoded')
+
+    // A request in flight on the prefiller holds it: not Ready must drain it, not drop it.
+    router.app.topology.acquire(p)
+    const t1 = performance.now()
+    await kube.setPodStatus(ns, 'prefill-0', { ready: false, podIP: '127.0.0.2' })
+    t.ok(await waitFor(() => router.view(p)?.draining === true, 2000), 'not Ready: draining')
+    t.comment(`not Ready → draining in ${Math.round(performance.now() - t1)} ms`)
+    t.equal(router.view(p)?.healthy, false, 'a draining pod gets no new work')
+    const before = await completions(prefillSim)
+    await post(`${router.url}/v1/completions`, { model: 'handoff/sim-1', prompt: 'again', max_tokens: 4 })
+    t.equal(await completions(prefillSim), before, 'no new request reached the draining prefiller')
+    router.app.topology.release(p)
+    t.ok(await waitFor(() => !router.app.topology.has(p), 2000), 'drained: gone')
+    t.ok(router.app.topology.has(d), 'the decoder stays')
+
+    // Ready again: the pod joins anew.
+    await kube.setPodStatus(ns, 'prefill-0', { ready: true, podIP: '127.0.0.2' })
+    t.ok(await waitFor(() => router.view(p)?.healthy === true, 2000), 'Ready again: back')
+  })
+
+  t.test('terminating drains at once; deleted leaves, with peer_gone for its engine_id', async (t) => {
+    const ns = await namespace(kube)
+    const router = await startDiscoveringRouter(t, kube, ns, { prefill: { ...PREFILL, port: 9 } }, { probe: false })
+    const id = podInstanceId(ns, 'p-0')
+    await readyPod(kube, ns, 'p-0', 'prefill', '127.0.0.4')
+    t.ok(await waitFor(() => router.app.topology.has(id), 2000), 'joined')
+    router.app.topology.observeEngineId(id, 'engine-p0')
+    router.app.topology.acquire(id)
+
+    // kubectl delete: a graceful delete sets deletionTimestamp; the pod is still Ready.
+    await kube.terminatePod(ns, 'p-0')
+    t.ok(await waitFor(() => router.view(id)?.draining === true, 2000), 'terminating: draining at once')
+    t.same(await peerGones(router.app), [], 'no peer_gone while something still holds it')
+    // The kubelet confirms: the object goes away. The request in flight still holds the instance.
+    await kube.deletePod(ns, 'p-0')
+    await new Promise((r) => setTimeout(r, 300))
+    t.ok(router.app.topology.has(id), 'deleted, but still drained through: its request is in flight')
+    router.app.topology.release(id)
+    t.ok(await waitFor(() => !router.app.topology.has(id), 2000), 'gone once drained')
+    t.match(await peerGones(router.app), [{ engineIds: ['engine-p0'] }], 'peer_gone for its engine_id')
+
+    // Deleted outright while idle: gone at once.
+    const id1 = podInstanceId(ns, 'p-1')
+    await readyPod(kube, ns, 'p-1', 'prefill', '127.0.0.5')
+    t.ok(await waitFor(() => router.app.topology.has(id1), 2000), 'p-1 joined')
+    await kube.deletePod(ns, 'p-1')
+    t.ok(await waitFor(() => !router.app.topology.has(id1), 2000), 'p-1 deleted: gone')
+  })
+
+  t.test('a pod recreated under the same name is a new incarnation: the old one is retired (peer_gone)', async (t) => {
+    const ns = await namespace(kube)
+    const router = await startDiscoveringRouter(t, kube, ns, { prefill: { ...PREFILL, port: 9 } }, { probe: false })
+    const id = podInstanceId(ns, 'sts-0')
+    await readyPod(kube, ns, 'sts-0', 'prefill', '127.0.0.6')
+    t.ok(await waitFor(() => router.app.topology.has(id), 2000), 'joined')
+    router.app.topology.observeEngineId(id, 'engine-old')
+    // Something holds the old incarnation, so it would drain for ever were it not retired.
+    router.app.topology.acquire(id)
+    // A StatefulSet recreating its pod: the old object is gone (force-deleted), a new one under
+    // the same name, new uid and IP, becomes Ready.
+    await kube.deletePod(ns, 'sts-0')
+    await readyPod(kube, ns, 'sts-0', 'prefill', '127.0.0.7')
+    t.ok(await waitFor(() => router.view(id)?.url === 'http://127.0.0.7:9' && !router.view(id)?.draining, 3000), 'the new incarnation serves')
+    t.match(await peerGones(router.app), [{ engineIds: ['engine-old'] }], 'peer_gone for the old engine_id')
+    t.equal(router.view(id)?.engineId, undefined, 'the new incarnation has no engine_id yet')
+    t.equal(router.view(id)?.inflight, 0, 'and none of the old one’s slots')
+  })
+
+  t.test('an API server restart loses nothing and leaves no phantom', async (t) => {
+    const ns = await namespace(kube)
+    const router = await startDiscoveringRouter(t, kube, ns, { prefill: { ...PREFILL, port: 9 }, decode: { ...DECODE, port: 9 } }, { probe: false })
+    const discovery = router.app.discovery()
+    const [a, b, c] = ['a-0', 'b-0', 'c-0'].map((n) => podInstanceId(ns, n)) as [string, string, string]
+    await readyPod(kube, ns, 'a-0', 'prefill', '127.0.0.8')
+    await readyPod(kube, ns, 'b-0', 'decode', '127.0.0.9')
+    t.ok(await waitFor(() => router.app.topology.has(a) && router.app.topology.has(b), 2000), 'both joined')
+    const lists = discovery?.stats().lists ?? 0
+
+    await kube.stopApiServer()
+    await new Promise((r) => setTimeout(r, 1000))
+    t.ok(router.app.topology.has(a) && router.app.topology.has(b), 'API server down: the topology stays')
+    t.notOk(router.view(a)?.draining || router.view(b)?.draining, 'and nothing drains')
+    // Behind the API server's back, b's pod goes away.
+    await kube.etcdDelete(`/registry/pods/${ns}/b-0`)
+    await kube.startApiServer()
+    t.comment(`API server restarted in ${kube.startSeconds.toFixed(1)} s`)
+
+    t.ok(await waitFor(() => !router.app.topology.has(b), 10_000), 'b, deleted while nobody watched, is gone (no phantom)')
+    t.ok(router.app.topology.has(a) && !router.view(a)?.draining, 'a stayed, never drained (nothing lost)')
+    t.ok((discovery?.stats().watchErrors ?? 0) > 0, 'the watch failed while the API server was down')
+    t.ok((discovery?.stats().lists ?? 0) > lists, 'and re-listed when it came back (410 Gone: its resourceVersion was too old)')
+    await readyPod(kube, ns, 'c-0', 'decode', '127.0.0.10')
+    t.ok(await waitFor(() => router.app.topology.has(c), 2000), 'the watch works again: a new Ready pod joins within 2 s')
+    t.equal(router.app.topology.size, 2, 'exactly a and c')
+  })
+
+  t.test('RBAC denial fails start-up with a clear RTR_ERR_CONFIG', async (t) => {
+    const ns = await namespace(kube, false)
+    const err = await startDiscoveringRouter(t, kube, ns, { prefill: { ...PREFILL, port: 9 } }, { user: 'nobody' }).then(
+      () => undefined,
+      (e: unknown) => e as Error & { code?: string },
+    )
+    t.equal(err?.code, 'RTR_ERR_CONFIG')
+    t.match(err?.message, /RBAC denies listing and watching pods in namespace disc-.* \(403\): pods is forbidden: User "nobody" cannot list resource "pods"/)
+    t.match(err?.message, /grant the router's service account get, list and watch on pods/)
+
+    // The same through `handoff router`: start-up fails, exit 1, the reason on stderr.
+    const config = writeConfig(t, {
+      port: 0,
+      discovery: { kind: 'kubernetes', namespace: ns, kubeconfig: kube.kubeconfig('nobody', ns), prefill: { ...PREFILL, port: 9 } },
+    })
+    const cli = await new Promise<{ code: number | null; stderr: string }>((resolve) => {
+      execFile(process.execPath, [cliEntry, 'router', '--config', config], { timeout: 30_000 }, (e, _stdout, stderr) =>
+        resolve({ code: e ? ((e as { code?: number }).code ?? null) : 0, stderr }),
+      )
+    })
+    t.equal(cli.code, 1, 'handoff router exits 1')
+    t.match(cli.stderr, /handoff: RTR_ERR_CONFIG: invalid router configuration: discovery: RBAC denies listing and watching pods/)
+  })
+})

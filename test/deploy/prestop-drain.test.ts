@@ -1,0 +1,243 @@
+import { spawn } from 'node:child_process'
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs'
+import { tmpdir } from 'node:os'
+import { dirname, join, resolve } from 'node:path'
+import { fileURLToPath } from 'node:url'
+import t from 'tap'
+import { request } from 'undici'
+import { spawnService } from '../../common/spawn.js'
+import { freePort } from '../../common/ports.js'
+import { get } from '../helpers/cluster.js'
+import { complete, completionBody, sleep, startEngine, tally, within, type Engine, type Outcome } from '../helpers/pd-agents.js'
+import { needNixl, probeNixl } from '../native/helpers.js'
+
+/*
+ * Issue 11: the chart's preStop hook (deploy/helm/handoff/files/prestop-drain.py) against a
+ * real router process and simulators with their transfer agents. The prefiller the script
+ * drains has the id Kubernetes discovery would give its pod (`k8s:<namespace>:<pod>`), and
+ * the script works it out from POD_NAMESPACE/POD_NAME as in the pod. Under load, with
+ * leases held open (the decoder's agent stopped for a while), it must return 0 only after the
+ * router's /leases shows no unread lease of that prefiller and /topology nothing in flight,
+ * while no client request fails (a second prefiller takes the new work).
+ */
+const script = resolve(dirname(fileURLToPath(import.meta.url)), '../../deploy/helm/handoff/files/prestop-drain.py')
+const LEASE_S = 10
+const ADMIN = 'admin-token-prestop-0123'
+const admin = { authorization: `Bearer ${ADMIN}` }
+const NS = 'llm'
+const P0 = `k8s:${NS}:prefill-0`
+const probe = await probeNixl()
+
+interface Run {
+  code: number | null
+  stderr: string
+  /** performance.now() when the process exited. */
+  exitedAt: number
+}
+
+/** Runs the script as the kubelet would (python3, the pod's env); never rejects. */
+function runScript(args: string[], env: Record<string, string>): { done: Promise<Run>; running(): boolean } {
+  const child = spawn('python3', [script, ...args], { env: { PATH: process.env.PATH ?? '', ...env }, stdio: ['ignore', 'ignore', 'pipe'] })
+  let stderr = ''
+  child.stderr.on('data', (d: Buffer) => (stderr += d.toString()))
+  let exited = false
+  const done = new Promise<Run>((resolve) => {
+    child.once('error', (err) => resolve({ code: -1, stderr: `${stderr}\n${err.message}`, exitedAt: performance.now() }))
+    child.once('exit', (code) => {
+      exited = true
+      // stderr may still hold a last chunk: 'close' follows once the pipe is drained.
+      child.once('close', () => resolve({ code, stderr, exitedAt: performance.now() }))
+      if (child.stderr.closed) resolve({ code, stderr, exitedAt: performance.now() })
+    })
+  })
+  return { done, running: () => !exited }
+}
+
+interface LeaseView {
+  byPrefill: Record<string, number>
+}
+interface TopologyView {
+  instances: { id: string; inflight: number }[]
+}
+
+t.test('the preStop drain script against a real router', { skip: needNixl(t, probe) }, async (t) => {
+  const routerPort = await freePort()
+  const routerUrl = `http://127.0.0.1:${routerPort}`
+  const agentArgs = ['--router-url', routerUrl]
+  const [p0, p1, p2, d0] = await Promise.all([
+    startEngine(t, { role: 'prefill', leaseSeconds: LEASE_S, agentArgs, simArgs: ['--prefill-delay-ms', '30'] }),
+    startEngine(t, { role: 'prefill', leaseSeconds: LEASE_S, agentArgs, simArgs: ['--prefill-delay-ms', '30'] }),
+    startEngine(t, { role: 'prefill', leaseSeconds: LEASE_S, agentArgs, simArgs: ['--prefill-delay-ms', '30'] }),
+    startEngine(t, { role: 'decode', leaseSeconds: LEASE_S, agentArgs }),
+  ])
+  // Static instances under the ids discovery would give the pods.
+  const dir = mkdtempSync(join(tmpdir(), 'handoff-prestop-'))
+  t.teardown(() => rmSync(dir, { recursive: true, force: true }))
+  const config = join(dir, 'router.json')
+  const ids = { [P0]: p0, [`k8s:${NS}:prefill-1`]: p1, [`k8s:${NS}:prefill-2`]: p2, [`k8s:${NS}:decode-0`]: d0 }
+  writeFileSync(
+    config,
+    JSON.stringify({
+      port: routerPort,
+      logLevel: 'warn',
+      leases: { leaseSeconds: LEASE_S },
+      instances: Object.entries(ids).map(([id, e]) => ({ id, role: e.opts.role, url: e.sim.url })),
+    }),
+  )
+  const router = await spawnService({ args: ['router', '--config', config], env: { ...process.env, HANDOFF_ADMIN_TOKEN: ADMIN } })
+  t.teardown(() => router.stop())
+  const tokenFile = join(dir, 'admin-token')
+  writeFileSync(tokenFile, `${ADMIN}\n`)
+  const podEnv = (pod: string): Record<string, string> => ({ POD_NAMESPACE: NS, POD_NAME: pod, HANDOFF_ADMIN_TOKEN_FILE: tokenFile })
+
+  t.ok(
+    (await within(10_000, async () => {
+      const statuses = await Promise.all([p0, p1, p2, d0].map(async (e) => (await get(`${e.agent.url}/v1/status`)).json<{ router: { connected: boolean } }>()))
+      return statuses.every((s) => s.router.connected)
+    })) >= 0,
+    "every agent follows the router's log",
+  )
+  for (let i = 0; i < 6; i++) t.ok((await complete(router.url, completionBody(i, 'warm'), i)).ok, 'warm-up request')
+
+  t.test('an instance the router does not know: exit 0 at once', async (t) => {
+    const started = performance.now()
+    const run = await runScript(['--router-url', router.url, '--deadline-seconds', '20'], podEnv('not-there')).done
+    t.equal(run.code, 0, run.stderr)
+    t.match(run.stderr, /k8s:llm:not-there is not known to .* \(404\)/)
+    t.ok(performance.now() - started < 5000, 'at once')
+  })
+
+  t.test('a dead first router URL: the script goes on to the next', async (t) => {
+    const dead = `http://127.0.0.1:${await freePort()}`
+    const run = await runScript(['--router-url', `${dead},${router.url}`, '--deadline-seconds', '20'], podEnv('not-there-either')).done
+    t.equal(run.code, 0, run.stderr)
+    t.match(run.stderr, new RegExp(`${dead}: .*[Rr]efused`), 'the dead one was tried first')
+    t.match(run.stderr, new RegExp(`not known to ${router.url}`), 'the second one answered')
+  })
+
+  t.test('every router dead: exit 2 after the retries', async (t) => {
+    const dead = `http://127.0.0.1:${await freePort()}`
+    const run = await runScript(['--router-url', dead, '--deadline-seconds', '20', '--retries', '2'], podEnv('prefill-0')).done
+    t.equal(run.code, 2, run.stderr)
+    t.match(run.stderr, /FAILED: no router reachable after 2 rounds/)
+  })
+
+  t.test('a wrong admin token: exit 4 with the reason', async (t) => {
+    const run = await runScript(['--router-url', router.url], { POD_NAMESPACE: NS, POD_NAME: 'prefill-0', HANDOFF_ADMIN_TOKEN: 'wrong-token-123' }).done
+    t.equal(run.code, 4, run.stderr)
+    t.match(run.stderr, /answered 401/)
+    t.match(run.stderr, /FAILED: every router refused/)
+  })
+
+  t.test('draining a prefiller under load: exit 0 only once nothing of it is left', async (t) => {
+    const outcomes: Outcome[] = []
+    let stop = false
+    const worker = async (w: number): Promise<void> => {
+      for (let i = 0; !stop; i++) outcomes.push(await complete(router.url, completionBody(w * 1000 + i, 'drain'), w * 1000 + i))
+    }
+    const load = Promise.all([0, 1, 2, 3, 4, 5].map(worker))
+
+    // What the router holds of P0, polled all along: the send time of the last poll that
+    // saw any (the state was non-zero at or after it).
+    let lastHeld = -1
+    let sawLeases = 0
+    let sawInflight = 0
+    let polling = true
+    const poller = (async () => {
+      while (polling) {
+        const sent = performance.now()
+        const [leases, topo] = await Promise.all([
+          get(`${router.url}/leases?instance=${P0}`, admin).then((r) => r.json<LeaseView>()),
+          get(`${router.url}/topology`, admin).then((r) => r.json<TopologyView>()),
+        ]).catch(() => [undefined, undefined] as const)
+        if (leases && topo) {
+          const unread = leases.byPrefill[P0] ?? 0
+          const inflight = topo.instances.find((i) => i.id === P0)?.inflight ?? 0
+          if (unread > 0 || inflight > 0) lastHeld = sent
+          sawLeases = Math.max(sawLeases, unread)
+          sawInflight = Math.max(sawInflight, inflight)
+        }
+        await sleep(5)
+      }
+    })()
+
+    await sleep(300)
+    // Hold leases open: the decoder's agent cannot READ while it is stopped, so P0's
+    // answered prefills stay unread until it goes on.
+    d0.agent.child.kill('SIGSTOP')
+    let stopped = true
+    t.teardown(() => {
+      if (stopped) d0.agent.child.kill('SIGCONT')
+    })
+    t.ok(
+      (await within(5000, async () => ((await get(`${router.url}/leases?instance=${P0}`, admin)).json<LeaseView>().byPrefill[P0] ?? 0) > 0)) >= 0,
+      'P0 has unread leases',
+    )
+    const started = performance.now()
+    const hook = runScript(['--router-url', router.url, '--deadline-seconds', '30', '--progress-seconds', '0.3'], podEnv('prefill-0'))
+    await sleep(1500)
+    t.ok(hook.running(), 'the script still blocks while P0 has unread leases')
+    d0.agent.child.kill('SIGCONT')
+    stopped = false
+    const run = await hook.done
+    const afterDrain = outcomes.length
+    await sleep(300)
+    stop = true
+    await load
+    polling = false
+    await poller
+
+    t.equal(run.code, 0, run.stderr)
+    t.ok(sawLeases > 0, `the poller saw P0 hold unread leases (up to ${sawLeases}; in flight up to ${sawInflight})`)
+    t.ok(lastHeld >= 0 && lastHeld < run.exitedAt, `the last sight of anything held at P0 (${Math.round(lastHeld - started)} ms) came before the script's exit (${Math.round(run.exitedAt - started)} ms)`)
+    t.match(run.stderr, /draining k8s:llm:prefill-0 via/)
+    t.match(run.stderr, /waiting for k8s:llm:prefill-0: \d+ in flight, [1-9]\d* unread lease\(s\)/, 'a progress line said what was left')
+    t.match(run.stderr, /k8s:llm:prefill-0 drained after/)
+    const tl = tally(outcomes)
+    t.ok(outcomes.length > afterDrain, 'traffic went on after the drain')
+    t.same({ failed: tl.failed, wrong: tl.wrong, codes: tl.codes }, { failed: 0, wrong: 0, codes: {} }, `${tl.requests} requests, all ok`)
+    const left = (await get(`${p0.sim.url}/sim/info`)).json<{ leases: number; usedBlocks: number }>()
+    t.same({ leases: left.leases, usedBlocks: left.usedBlocks }, { leases: 0, usedBlocks: 0 }, 'the drained prefiller holds nothing')
+    const topo = (await get(`${router.url}/topology`, admin)).json<TopologyView>()
+    t.notOk(
+      topo.instances.some((i) => i.id === P0),
+      'gone from the topology',
+    )
+    t.comment(`drain under load: script exited ${Math.round(run.exitedAt - started)} ms after it started; ${tl.requests} requests`)
+  })
+
+  t.test('a lease that cannot end before the deadline: exit 1 with what was left', async (t) => {
+    d0.agent.child.kill('SIGSTOP')
+    let stopped = true
+    t.teardown(() => {
+      if (stopped) d0.agent.child.kill('SIGCONT')
+    })
+    const ac = new AbortController()
+    const pending = request(`${router.url}/v1/completions`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify(completionBody(9000, 'stuck')),
+      signal: ac.signal,
+    }).catch((err: Error) => err.name)
+    let holder = ''
+    t.ok(
+      (await within(5000, async () => {
+        const s = (await get(`${router.url}/leases`, admin)).json<LeaseView>()
+        holder = Object.keys(s.byPrefill)[0] ?? ''
+        return holder !== ''
+      })) >= 0,
+      'a lease is held',
+    )
+    const pod = holder.split(':')[2] ?? ''
+    const started = performance.now()
+    const run = await runScript(['--router-url', router.url, '--deadline-seconds', '1.5', '--progress-seconds', '0.5'], podEnv(pod)).done
+    const took = performance.now() - started
+    t.equal(run.code, 1, run.stderr)
+    t.match(run.stderr, new RegExp(`FAILED: deadline \\(1.5 s\\) passed with ${holder} not drained: \\d+ in flight, 1 unread lease\\(s\\)`))
+    t.ok(took >= 1400 && took < 6000, `it gave up at the deadline (${Math.round(took)} ms)`)
+    ac.abort()
+    t.equal(await pending, 'AbortError')
+    d0.agent.child.kill('SIGCONT')
+    stopped = false
+  })
+})

@@ -39,10 +39,11 @@ t.test('the Helm chart against a real API server', { skip: needKube(t, { helm: t
     const items = (JSON.parse(stdout) as { items?: K8sObject[] } & K8sObject).items ?? []
     t.same(
       items.map((i) => i.kind).sort(),
-      ['ConfigMap', 'Deployment', 'PodDisruptionBudget', 'Role', 'RoleBinding', 'Secret', 'Service', 'Service', 'ServiceAccount'],
+      // The second ConfigMap: the engines' preStop drain script (engines.drain.configMap).
+      ['ConfigMap', 'ConfigMap', 'Deployment', 'PodDisruptionBudget', 'Role', 'RoleBinding', 'Secret', 'Service', 'Service', 'ServiceAccount'],
       'every object accepted by the API server',
     )
-    const routerJson = items.find((i) => i.kind === 'ConfigMap')?.data?.['router.json']
+    const routerJson = items.find((i) => i.kind === 'ConfigMap' && i.metadata.name === 'r-handoff')?.data?.['router.json']
     t.ok(routerJson, 'the ConfigMap holds router.json')
     const cfgFile = join(dir, 'router.json')
     writeFileSync(cfgFile, routerJson ?? '')

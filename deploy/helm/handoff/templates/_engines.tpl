@@ -1,0 +1,67 @@
+{{/* Engine pods (issue 11): names and settings shared by engines.yaml and engines-prestop.yaml. */}}
+
+{{/* The ConfigMap holding files/prestop-drain.py. */}}
+{{- define "handoff.prestopConfigMap" -}}
+{{- printf "%s-prestop" (include "handoff.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* The routers the preStop drain and the agents ask: engines.drain.routerUrls, else the -admin Service. */}}
+{{- define "handoff.engineRouterUrls" -}}
+{{- if .Values.engines.drain.routerUrls }}
+{{- join "," .Values.engines.drain.routerUrls }}
+{{- else }}
+{{- printf "http://%s-admin.%s.svc:%d" (include "handoff.fullname" .) .Release.Namespace (int .Values.service.port) }}
+{{- end }}
+{{- end }}
+
+{{/* Selector labels of one role's engines; context: dict "root" $ "role" "prefill". */}}
+{{- define "handoff.engineSelectorLabels" -}}
+app.kubernetes.io/name: {{ include "handoff.name" .root }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: {{ .role }}-engine
+{{- end }}
+
+{{/*
+Render-time checks for one enabled role (context as above): the pods must be what the
+router's discovery selects, on the port it dials, and leave the drain a positive deadline.
+Only equality terms of the selector (k=v, k==v) are checked.
+*/}}
+{{- define "handoff.engineChecks" -}}
+{{- $root := .root }}
+{{- $role := .role }}
+{{- $e := index $root.Values.engines $role }}
+{{- if lt (int $e.terminationGracePeriodSeconds) (add (int $root.Values.engines.drain.marginSeconds) 1) }}
+{{- fail (printf "engines.%s.terminationGracePeriodSeconds must exceed engines.drain.marginSeconds: the preStop drain's deadline is their difference" $role) }}
+{{- end }}
+{{- if $root.Values.discovery.enabled }}
+{{- $d := index $root.Values.discovery $role }}
+{{- if not $d }}
+{{- fail (printf "engines.%s.enabled needs discovery.%s: the router would never find these pods" $role $role) }}
+{{- end }}
+{{- if ne (int $e.port) (int $d.port) }}
+{{- fail (printf "engines.%s.port (%d) must equal discovery.%s.port (%d): the router dials that port" $role (int $e.port) $role (int $d.port)) }}
+{{- end }}
+{{- range $term := splitList "," $d.selector }}
+{{- $term = trim $term }}
+{{- if regexMatch "^[^=!()\\s]+==?[^=!()\\s]*$" $term }}
+{{- $kv := splitList "=" $term }}
+{{- $k := first $kv }}
+{{- $v := last $kv }}
+{{- if or (not (hasKey (default (dict) $e.labels) $k)) (ne (toString (index $e.labels $k)) $v) }}
+{{- fail (printf "engines.%s.labels must include %s=%s: discovery.%s.selector is %q" $role $k $v $role $d.selector) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- if and $root.Values.engines.agent.enabled (not $root.Values.secrets.agentToken) (not $root.Values.secrets.existingSecret) }}
+{{- fail "engines.agent.enabled needs secrets.agentToken: the agent listens on the pod IP, so its API and the router's agent endpoints need the token" }}
+{{- end }}
+{{- end }}
+
+{{/* Labels of engine objects; context: dict "root" $ "role" "prefill" (role "drain" for the ConfigMap). */}}
+{{- define "handoff.engineLabels" -}}
+helm.sh/chart: {{ printf "%s-%s" .root.Chart.Name .root.Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{ include "handoff.engineSelectorLabels" . }}
+app.kubernetes.io/version: {{ .root.Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .root.Release.Service }}
+{{- end }}

@@ -1,0 +1,222 @@
+import { execFile } from 'node:child_process'
+import { mkdirSync, mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from 'node:fs'
+import { tmpdir } from 'node:os'
+import { dirname, join, resolve } from 'node:path'
+import { fileURLToPath } from 'node:url'
+import { promisify } from 'node:util'
+import t from 'tap'
+import { startRouter } from '../helpers/cluster.js'
+import { needKube, startKube, type LocalKube } from '../helpers/kube.js'
+
+// Issue 11, the engine side of the chart: engine Deployments (vLLM, discovery labels, the
+// blocking preStop drain, the transfer-agent sidecar) and the standalone examples in
+// deploy/examples/ are accepted by a real API server; pods made from their templates are the
+// ones the router's discovery selectors pick; the rendered preStop command, run with the
+// rendered script and token, drains at a real router; bad engine values fail at render time.
+
+const root = resolve(dirname(fileURLToPath(import.meta.url)), '../..')
+const chart = join(root, 'deploy/helm/handoff')
+const examples = join(root, 'deploy/examples')
+const run = promisify(execFile)
+const ADMIN_TOKEN = 'admin-token-for-tests'
+const ADMIN = ['--set', `secrets.adminToken=${ADMIN_TOKEN}`]
+const ENGINES = [...ADMIN, '--set', 'engines.prefill.enabled=true', '--set', 'engines.decode.enabled=true']
+const AGENT = ['--set', 'engines.agent.enabled=true', '--set', 'secrets.agentToken=agent-token-for-tests']
+
+interface Container {
+  name: string
+  image: string
+  command?: string[]
+  args?: string[]
+  restartPolicy?: string
+  env?: { name: string; value?: string; valueFrom?: { fieldRef?: { fieldPath: string }; secretKeyRef?: { name: string; key: string } } }[]
+  readinessProbe?: { httpGet?: { path: string; port: string | number } }
+  lifecycle?: { preStop?: { exec?: { command: string[] } } }
+  volumeMounts?: { name: string; mountPath: string }[]
+}
+interface PodTemplate {
+  metadata: { labels: Record<string, string> }
+  spec: {
+    terminationGracePeriodSeconds: number
+    containers: Container[]
+    initContainers?: Container[]
+    volumes?: { name: string; projected?: { sources: { configMap?: { name: string }; secret?: { name: string } }[] } }[]
+  }
+}
+interface K8sObject {
+  kind: string
+  metadata: { name: string }
+  data?: Record<string, string>
+  spec?: { template: PodTemplate }
+}
+
+async function applyDryRun(kube: LocalKube, ns: string, file: string): Promise<K8sObject[]> {
+  const { stdout } = await kube.kubectl(['apply', '--dry-run=server', '-n', ns, '-f', file, '-o', 'json'])
+  const out = JSON.parse(stdout) as { items?: K8sObject[] } & K8sObject
+  return out.items ?? [out]
+}
+
+/** A pod made from `template`, as the ReplicaSet controller would (there is none here). */
+async function podFrom(kube: LocalKube, ns: string, name: string, template: PodTemplate): Promise<void> {
+  await kube.api('POST', `/api/v1/namespaces/${ns}/pods`, {
+    body: { apiVersion: 'v1', kind: 'Pod', metadata: { name, labels: template.metadata.labels }, spec: { ...template.spec, nodeName: 'test-node' } },
+  })
+}
+
+/** Names of the pods in `ns` the API server selects with `selector`. */
+async function selected(kube: LocalKube, ns: string, selector: string): Promise<string[]> {
+  const res = await kube.api<{ items: { metadata: { name: string } }[] }>('GET', `/api/v1/namespaces/${ns}/pods?labelSelector=${encodeURIComponent(selector)}`)
+  return res.body.items.map((p) => p.metadata.name).sort()
+}
+
+const preStop = (c: Container | undefined): string[] => c?.lifecycle?.preStop?.exec?.command ?? []
+const flag = (cmd: string[], name: string): string | undefined => {
+  const i = cmd.indexOf(name)
+  return i >= 0 ? cmd[i + 1] : undefined
+}
+
+t.test('engine pods in the Helm chart and the examples, against a real API server', { skip: needKube(t, { helm: true }) }, async (t) => {
+  const kube = await startKube(t)
+  const dir = mkdtempSync(join(tmpdir(), 'handoff-engines-'))
+  t.teardown(() => rmSync(dir, { recursive: true, force: true }))
+  const template = async (release: string, ns: string, args: string[]): Promise<string> => {
+    const file = join(dir, `${release}-${ns}.yaml`)
+    writeFileSync(file, (await kube.helm(['template', release, chart, '--namespace', ns, ...args])).stdout)
+    return file
+  }
+
+  t.test('helm lint --strict is clean with engines and agents on', async (t) => {
+    const { stdout } = await kube.helm(['lint', chart, '--strict', ...ENGINES, ...AGENT])
+    t.match(stdout, /1 chart\(s\) linted, 0 chart\(s\) failed/)
+    t.notMatch(stdout, /\[(WARNING|ERROR)\]/)
+  })
+
+  t.test('engine Deployments: accepted, selected by discovery, wired for the drain', async (t) => {
+    const ns = 'engines-llm'
+    await kube.createNamespace(ns)
+    const items = await applyDryRun(kube, ns, await template('r', ns, [...ENGINES, ...AGENT]))
+    t.same(
+      items.map((i) => `${i.kind}/${i.metadata.name}`).sort(),
+      [
+        'ConfigMap/r-handoff',
+        'ConfigMap/r-handoff-prestop',
+        'Deployment/r-handoff',
+        'Deployment/r-handoff-decode',
+        'Deployment/r-handoff-prefill',
+        'PodDisruptionBudget/r-handoff',
+        'Role/r-handoff-discovery',
+        'RoleBinding/r-handoff-discovery',
+        'Secret/r-handoff',
+        'Service/r-handoff',
+        'Service/r-handoff-admin',
+        'ServiceAccount/r-handoff',
+      ],
+      'every object accepted by the API server',
+    )
+    const script = readFileSync(join(chart, 'files/prestop-drain.py'), 'utf8')
+    const cm = items.find((i) => i.metadata.name === 'r-handoff-prestop')
+    t.equal(cm?.data?.['prestop-drain.py']?.trimEnd(), script.trimEnd(), 'the ConfigMap holds files/prestop-drain.py')
+    const discovery = (JSON.parse(items.find((i) => i.kind === 'ConfigMap' && i.metadata.name === 'r-handoff')?.data?.['router.json'] ?? '{}') as { discovery: Record<string, { selector: string }> })
+      .discovery
+
+    for (const role of ['prefill', 'decode'] as const) {
+      const tpl = items.find((i) => i.metadata.name === `r-handoff-${role}`)?.spec?.template
+      t.ok(tpl, `${role}: a Deployment`)
+      if (!tpl) continue
+      const vllm = tpl.spec.containers.find((c) => c.name === 'vllm')
+      t.match(vllm, { command: ['vllm', 'serve'], readinessProbe: { httpGet: { path: '/health', port: 'http' } } }, `${role}: vLLM, ready on /health`)
+      t.ok(vllm?.args?.includes('{"kv_connector":"NixlConnector","kv_role":"kv_both"}'), `${role}: the NixlConnector`)
+      const cmd = preStop(vllm)
+      t.same(cmd.slice(0, 2), ['python3', '/etc/handoff-drain/prestop-drain.py'], `${role}: the preStop runs the drain script`)
+      t.equal(flag(cmd, '--router-url'), `http://r-handoff-admin.${ns}.svc:8000`, `${role}: through the -admin Service`)
+      t.equal(flag(cmd, '--deadline-seconds'), String(tpl.spec.terminationGracePeriodSeconds - 10), `${role}: deadline = grace period - margin`)
+      t.same(
+        (vllm?.env ?? []).filter((e) => e.name.startsWith('POD_')).map((e) => [e.name, e.valueFrom?.fieldRef?.fieldPath]),
+        [
+          ['POD_NAME', 'metadata.name'],
+          ['POD_NAMESPACE', 'metadata.namespace'],
+        ],
+        `${role}: the pod's name and namespace from the downward API`,
+      )
+      const sources = tpl.spec.volumes?.find((v) => v.name === 'handoff-drain')?.projected?.sources ?? []
+      t.same(
+        sources.map((s) => s.configMap?.name ?? s.secret?.name),
+        ['r-handoff-prestop', 'r-handoff'],
+        `${role}: the script and the admin token mounted`,
+      )
+      const agent = tpl.spec.initContainers?.find((c) => c.name === 'transfer-agent')
+      t.match(agent, { restartPolicy: 'Always', command: ['node', 'dist/cli/main.js', 'agent'] }, `${role}: the agent as a native sidecar`)
+      t.equal(flag(agent?.command ?? [], '--router-url'), `http://r-handoff-admin.${ns}.svc:8000`, `${role}: the agent follows the router`)
+      t.match(agent?.env?.find((e) => e.name === 'HANDOFF_AGENT_TOKEN'), { valueFrom: { secretKeyRef: { name: 'r-handoff', key: 'agent-token' } } })
+      // The API server itself evaluates the router's selectors against a pod of this template.
+      await podFrom(kube, ns, `${role}-pod`, tpl)
+    }
+    t.same(await selected(kube, ns, discovery.prefill?.selector ?? ''), ['prefill-pod'], "the prefill selector picks the prefill engine's pod only")
+    t.same(await selected(kube, ns, discovery.decode?.selector ?? ''), ['decode-pod'], "the decode selector picks the decode engine's pod only")
+  })
+
+  t.test('the rendered preStop command, with the rendered script and token, drains at a real router', async (t) => {
+    const ns = 'engines-run'
+    await kube.createNamespace(ns)
+    const items = await applyDryRun(kube, ns, await template('r', ns, ENGINES))
+    const cmd = preStop(items.find((i) => i.metadata.name === 'r-handoff-prefill')?.spec?.template.spec.containers[0])
+    // The projected volume, as the kubelet would write it.
+    const mount = join(dir, 'etc-handoff-drain')
+    mkdirSync(mount, { recursive: true })
+    writeFileSync(join(mount, 'prestop-drain.py'), items.find((i) => i.metadata.name === 'r-handoff-prestop')?.data?.['prestop-drain.py'] ?? '')
+    writeFileSync(join(mount, 'admin-token'), ADMIN_TOKEN)
+    const router = await startRouter(t, [{ id: `k8s:${ns}:prefill-abc`, role: 'prefill', url: 'http://127.0.0.1:9' }], { adminToken: ADMIN_TOKEN, probe: false })
+    const args = cmd.slice(1).map((a) => a.replace('/etc/handoff-drain', mount).replace(`http://r-handoff-admin.${ns}.svc:8000`, router.url))
+    const logFile = join(dir, 'container-stderr')
+    const i = args.indexOf('--log-file')
+    if (i >= 0) args[i + 1] = logFile
+    const res = await run(cmd[0] ?? 'python3', args, { env: { PATH: process.env.PATH ?? '', POD_NAMESPACE: ns, POD_NAME: 'prefill-abc' }, timeout: 30_000 })
+    t.match(res.stderr, new RegExp(`k8s:${ns}:prefill-abc drained after`), res.stderr)
+    t.match(readFileSync(logFile, 'utf8'), /drained after/, 'and the same lines in the --log-file (the container log)')
+  })
+
+  t.test('the examples in deploy/examples/: accepted, selected, wired to the chart', async (t) => {
+    const ns = 'examples'
+    await kube.createNamespace(ns)
+    const files = readdirSync(examples).filter((f) => f.endsWith('.yaml'))
+    t.same(files.sort(), ['vllm-decode.yaml', 'vllm-prefill.yaml'])
+    // The chart as an operator who brings their own engines installs it: release `handoff`.
+    const chartItems = await applyDryRun(kube, ns, await template('handoff', ns, ADMIN))
+    const names = new Set(chartItems.map((i) => `${i.kind}/${i.metadata.name}`))
+    const discovery = (JSON.parse(chartItems.find((i) => i.kind === 'ConfigMap' && i.metadata.name === 'handoff')?.data?.['router.json'] ?? '{}') as { discovery: Record<string, { selector: string }> })
+      .discovery
+    for (const file of files) {
+      const [dep] = await applyDryRun(kube, ns, join(examples, file))
+      t.equal(dep?.kind, 'Deployment', `${file}: accepted`)
+      const tpl = dep?.spec?.template
+      if (!tpl) continue
+      const vllm = tpl.spec.containers[0]
+      const cmd = preStop(vllm)
+      t.same(cmd.slice(0, 2), ['python3', '/etc/handoff-drain/prestop-drain.py'], `${file}: the drain script`)
+      t.ok(names.has(`Service/${new URL(flag(cmd, '--router-url') ?? 'http://x').hostname}`), `${file}: asks the chart's -admin Service`)
+      t.equal(Number(flag(cmd, '--deadline-seconds')), tpl.spec.terminationGracePeriodSeconds - 10, `${file}: deadline = grace period - 10 s`)
+      for (const s of tpl.spec.volumes?.find((v) => v.name === 'handoff-drain')?.projected?.sources ?? []) {
+        if (s.configMap) t.ok(names.has(`ConfigMap/${s.configMap.name}`), `${file}: the chart makes ConfigMap ${s.configMap.name}`)
+        if (s.secret) t.ok(names.has(`Secret/${s.secret.name}`), `${file}: the chart makes Secret ${s.secret.name}`)
+      }
+      await podFrom(kube, ns, file.replace('.yaml', ''), tpl)
+    }
+    t.same(await selected(kube, ns, discovery.prefill?.selector ?? ''), ['vllm-prefill'], 'the default prefill selector picks the example prefill pod')
+    t.same(await selected(kube, ns, discovery.decode?.selector ?? ''), ['vllm-decode'], 'the default decode selector picks the example decode pod')
+  })
+
+  t.test('bad engine values fail at render time with the reason', async (t) => {
+    const fails = async (args: string[]): Promise<string> =>
+      kube.helm(['template', 'r', chart, ...ENGINES, ...args]).then(
+        () => '',
+        (e: { stderr?: string }) => e.stderr ?? '',
+      )
+    t.match(await fails(['--set', 'engines.prefill.labels.handoff\\.dev/role=decode']), /engines\.prefill\.labels must include handoff\.dev\/role=prefill/)
+    t.match(await fails(['--set', 'engines.decode.port=8100']), /engines\.decode\.port \(8100\) must equal discovery\.decode\.port \(8000\)/)
+    t.match(await fails(['--set', 'engines.prefill.terminationGracePeriodSeconds=10']), /terminationGracePeriodSeconds must exceed engines\.drain\.marginSeconds/)
+    t.match(await fails(['--set', 'engines.agent.enabled=true']), /engines\.agent\.enabled needs secrets\.agentToken/)
+    t.match(await fails(['--set', 'discovery.prefill=null']), /engines\.prefill\.enabled needs discovery\.prefill/)
+    t.equal(await fails(['--set', 'discovery.enabled=false', '--set', 'engines.decode.port=8100']), '', 'without discovery the ports are the operator’s business')
+    t.equal(await fails([...AGENT, '--set', 'engines.drain.routerUrls={http://a:8000,http://b:8000}']), '', 'several router URLs render')
+  })
+})

@@ -280,7 +280,8 @@ export async function buildApp(deps: RouterDeps): Promise<FastifyInstance> {
     if (should === probing) return
     probing = should
     if (should) {
-      void prober.probeAll()
+      // A new leader's first round goes to every router, changed or not.
+      void prober.probeAll().then(() => shared?.publishVerdicts())
       prober.start()
     } else prober.stop()
   }

@@ -48,6 +48,8 @@ export interface SharedParts extends StreamPresence {
   opened(agentId: string): void
   closed(agentId: string): void
   remoteInflight(instanceId: string): Promise<number>
+  /** The prober leader shares all its verdicts (after its first round as leader). */
+  publishVerdicts(): void
 }
 
 export interface RouterStoreDeps {
@@ -158,6 +160,7 @@ async function openRedis(deps: RouterStoreDeps): Promise<RouterStore> {
         opened: (id) => t.opened(id),
         closed: (id) => t.closed(id),
         remoteInflight: (id) => t.remoteInflight(id),
+        publishVerdicts: () => t.publishVerdicts(),
       }
     },
     onRouterGone: (listener) => {

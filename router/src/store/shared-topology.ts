@@ -158,9 +158,9 @@ export class SharedTopology implements StreamPresence {
     // What this router has and Redis lacks (Redis restarted empty, or a write lost): share it.
     for (const id of this.#o.registry.ids()) {
       const described = this.#o.registry.describe(id)
-      if (!(id in instances) && described && (described.source !== 'config' || described.engineId || described.draining)) await this.#put('instances', id, this.#instanceRow(id) as InstanceRecord)
+      if (!(id in instances) && described && (described.source !== 'config' || described.engineId || described.draining)) await this.#put('instances', id, this.#instanceRow(id) as InstanceRecord, true)
     }
-    for (const a of this.#o.agents.all()) if (!(a.agentId in agents)) await this.#put('agents', a.agentId, { ...withoutStreams(a), at: now })
+    for (const a of this.#o.agents.all()) if (!(a.agentId in agents)) await this.#put('agents', a.agentId, { ...withoutStreams(a), at: now }, true)
     // Old tombstones go (any router may do it; HDEL of a field already gone is harmless).
     const stale = [
       ...Object.entries(instances).filter(([, raw]) => isOldTombstone(raw, now, ttl)),
@@ -191,6 +191,18 @@ export class SharedTopology implements StreamPresence {
     const [holders, alive] = await Promise.all([this.#o.redis.hmget(this.#keys.streams, ...agentIds), this.#o.routers.alive()])
     const live = new Set(alive)
     return holders.some((r) => r !== null && r !== this.#o.routerId && live.has(r))
+  }
+
+  /**
+   * Shares every verdict this router holds (a new prober leader after its first round): the
+   * others may hold ones from before an outage, and verdicts are otherwise shared only when
+   * they change.
+   */
+  publishVerdicts(): void {
+    for (const id of this.#o.registry.ids()) {
+      const row = this.#healthRow(id)
+      if (row) this.#putHealth(id, row)
+    }
   }
 
   /** Requests in flight at `instanceId` on the other live routers (published while it drains). */
@@ -261,11 +273,13 @@ export class SharedTopology implements StreamPresence {
     return { up: v.up, ...(v.models ? { models: [...v.models] } : {}), at: this.#o.clock.now() }
   }
 
-  async #put(table: Table, id: string, row: object): Promise<void> {
+  /** Writes a record and its notice; `ifAbsent`: only where Redis has none (a republish must not overwrite newer news). */
+  async #put(table: Table, id: string, row: object, ifAbsent = false): Promise<void> {
     try {
-      await this.#o.redis
-        .multi()
-        .hset(this.#keys[table], id, JSON.stringify(row))
+      const tx = this.#o.redis.multi()
+      if (ifAbsent) tx.hsetnx(this.#keys[table], id, JSON.stringify(row))
+      else tx.hset(this.#keys[table], id, JSON.stringify(row))
+      await tx
         .xadd(this.#keys.notices, 'MAXLEN', '~', this.#o.noticeRetention ?? 10_000, '*', 't', table, 'k', id, 'r', this.#o.routerId)
         .exec()
       this.#dirty.delete(`${table}\u0000${id}`)

@@ -1,0 +1,60 @@
+import type { Test } from 'tap'
+import { freePort } from '../../common/ports.js'
+import type { SpawnedService } from '../../common/spawn.js'
+import { get, post } from './cluster.js'
+import { startEngine, startRouterProcess, within, type Engine } from './pd-agents.js'
+import { startRedis, type LocalRedis } from './redis.js'
+
+/*
+ * Issue 10's scenarios (test/scenarios/routers-*.test.ts): two router processes on one real
+ * redis-server, in front of simulators with transfer agents that know both routers.
+ */
+
+export const LEASE_S = 10
+export const ADMIN = 'admin-token-0123'
+export const admin = { authorization: `Bearer ${ADMIN}` }
+const fastHealth = { health: { intervalMs: 100, timeoutMs: 500, unhealthyThreshold: 2, baseEjectionMs: 200, maxEjectionMs: 1000 } }
+
+export interface Status {
+  agentId: string
+  engineId: string | null
+  router: { connected: boolean; routerId: string | null; lastApplied: number; lastAcked: number }
+}
+
+export const agentStatus = async (e: Engine): Promise<Status> => (await get(`${e.agent.url}/v1/status`)).json()
+
+
+export interface Fleet {
+  redis: LocalRedis
+  prefill: Engine
+  decode: Engine
+  routers: SpawnedService[]
+}
+
+/** Two routers on one Redis; agents list `order` of them (indexes) in their --router-url. */
+export async function fleet(t: Test, order: [number, number] = [0, 1]): Promise<Fleet> {
+  const redis = await startRedis(t)
+  const ports = [await freePort(), await freePort()]
+  const urls = ports.map((p) => `http://127.0.0.1:${p}`)
+  const agentArgs = ['--router-url', order.map((i) => urls[i]).join(',')]
+  const prefill = await startEngine(t, { role: 'prefill', leaseSeconds: LEASE_S, agentArgs })
+  const decode = await startEngine(t, { role: 'decode', leaseSeconds: LEASE_S, simArgs: ['--kv-load-failure-policy', 'fail'], agentArgs })
+  const store = { kind: 'redis', url: redis.url, memberTtlMs: 900 }
+  const routers = []
+  for (const port of ports) routers.push(await startRouterProcess(t, [prefill, decode], { port, adminToken: ADMIN, store, ...fastHealth }))
+  const ms = await within(10_000, async () => (await Promise.all([prefill, decode].map(agentStatus))).every((s) => s.router.connected))
+  t.ok(ms >= 0, `both agents follow the shared log (${Math.round(ms)} ms after the routers started)`)
+  return { redis, prefill, decode, routers }
+}
+
+export async function delivered(url: string, seq: number, agents: string[]): Promise<boolean> {
+  const d = (await get(`${url}/fault_tolerance/events/${seq}`, admin)).json<{ applied: string[]; expected: string[] }>()
+  return agents.every((a) => d.applied.includes(a) && d.expected.includes(a))
+}
+
+/** A throwaway engine to declare gone: an agent registration nobody streams for. */
+export async function ghost(url: string, name: string, port: number): Promise<void> {
+  const res = await post(`${url}/v1/agents`, { agentId: `ghost-${name}`, engineId: `ghost-${name}`, role: 'prefill', agentUrl: `http://127.0.0.1:${port}` })
+  if (res.status !== 200) throw new Error(`ghost registration: ${res.status} ${res.text}`)
+}
+

@@ -1,0 +1,133 @@
+import t from 'tap'
+import { systemClock } from '../../common/clock.js'
+import { AgentDirectory } from '../../router/src/events/agent-directory.js'
+import { StoreConnection } from '../../router/src/store/connection.js'
+import { LeaderLock } from '../../router/src/store/leader.js'
+import { SharedTopology } from '../../router/src/store/shared-topology.js'
+import { TopologyRegistry } from '../../router/src/topology/registry.js'
+import { type Teardown, waitFor } from '../helpers/cluster.js'
+import { needRedis, startRedis } from '../helpers/redis.js'
+
+/*
+ * Issue 10: two routers' registries and agent directories kept in step through one real
+ * Redis (router/src/store/shared-topology.ts), in process so each step can be looked at:
+ * runtime instances, draining, engine_ids, the leader's verdicts (fenced), agents, removals
+ * (tombstones), stream presence, and a resync after Redis came back empty.
+ */
+
+const policy = { unhealthyThreshold: 1, baseEjectionMs: 1000, maxEjectionMs: 2000 }
+const config = [{ id: 'p0', role: 'prefill' as const, url: 'http://127.0.0.1:1001' }]
+const quiet = { info: () => {}, warn: () => {} }
+
+async function setup(t: Teardown) {
+  const server = await startRedis(t)
+  const conn = await StoreConnection.open({ url: server.url, commandTimeoutMs: 300, maxBackoffMs: 100 })
+  t.teardown(() => conn.close())
+  const prefix = 'st:'
+  const alive = new Set<string>()
+  const router = async (routerId: string) => {
+    const registry = new TopologyRegistry({ clock: systemClock, policy, instances: config })
+    const agents = new AgentDirectory({ clock: systemClock })
+    const leader = new LeaderLock({ redis: conn.client, routerId, prefix, ttlMs: 600, clock: systemClock })
+    await leader.start()
+    t.teardown(() => leader.stop())
+    alive.add(routerId)
+    const shared = new SharedTopology({
+      redis: conn.client,
+      prefix,
+      routerId,
+      registry,
+      agents,
+      clock: systemClock,
+      routers: { alive: async () => [...alive] },
+      leader,
+      logger: quiet,
+      retryMs: 50,
+    })
+    await shared.start()
+    t.teardown(() => shared.close())
+    return { registry, agents, leader, shared }
+  }
+  return { server, conn, router, alive }
+}
+
+const view = (r: TopologyRegistry, id: string) => r.snapshot().instances.find((i) => i.id === id)
+
+t.test('two routers on one Redis', { skip: needRedis(t) }, async (t) => {
+  t.test('instances, draining, engine_ids and removals reach the other router; a late joiner gets them all', async (t) => {
+    const { router } = await setup(t)
+    const a = await router('a')
+    const b = await router('b')
+    a.registry.add({ id: 'd1', role: 'decode', url: 'http://127.0.0.1:2001', labels: { zone: 'x' } }, 'admin')
+    t.ok(await waitFor(() => b.registry.has('d1')), 'added on a, present on b')
+    t.match(view(b.registry, 'd1'), { source: 'admin', labels: { zone: 'x' }, role: 'decode' })
+
+    a.registry.observeEngineId('p0', 'eng-1')
+    t.ok(await waitFor(() => view(b.registry, 'p0')?.engineId === 'eng-1'), "a config instance's engine_id learned on a reaches b")
+    b.registry.drain('d1')
+    t.ok(await waitFor(() => view(a.registry, 'd1')?.draining === true), 'drained on b: draining on a')
+
+    const c = await router('c')
+    t.ok(c.registry.has('d1') && view(c.registry, 'd1')?.draining && view(c.registry, 'p0')?.engineId === 'eng-1', 'a router joining later reads everything at start')
+
+    a.registry.remove('d1')
+    t.ok(await waitFor(() => !b.registry.has('d1') && !c.registry.has('d1')), 'removed on a: gone everywhere')
+    const d = await router('d')
+    t.notOk(d.registry.has('d1'), 'the tombstone keeps a later joiner from bringing it back')
+  })
+
+  t.test("only the prober leader's verdicts are shared, and they apply without a threshold", async (t) => {
+    const { router } = await setup(t)
+    const a = await router('a')
+    const b = await router('b')
+    const [leader, follower] = a.leader.isLeader ? [a, b] : [b, a]
+    t.ok(leader.leader.isLeader && !follower.leader.isLeader, 'one of them leads')
+    leader.registry.recordProbe('p0', true, ['m1'])
+    leader.registry.recordProbe('p0', false)
+    t.ok(await waitFor(() => view(follower.registry, 'p0')?.healthy === false), "the leader's down verdict reaches the follower")
+    follower.registry.recordProbe('p0', true, ['m2'])
+    await new Promise((resolve) => setTimeout(resolve, 200))
+    t.equal(view(leader.registry, 'p0')?.healthy, false, "a follower's own probe is not shared")
+    leader.registry.recordProbe('p0', true, ['m1'])
+    t.ok(await waitFor(() => view(follower.registry, 'p0')?.healthy === true && view(follower.registry, 'p0')?.models?.has('m1') === true), "up again, with the leader's models")
+  })
+
+  t.test('agents: registrations, removals and which router holds each stream', async (t) => {
+    const { router, alive } = await setup(t)
+    const a = await router('a')
+    const b = await router('b')
+    a.agents.register({ agentId: 'ag1', engineId: 'e1', role: 'prefill', agentUrl: 'http://127.0.0.1:3001', engineUrl: 'http://127.0.0.1:1001' }, 'p0')
+    t.ok(await waitFor(() => b.agents.get('ag1')?.engineId === 'e1'), 'registered on a, known on b')
+    t.equal(b.agents.get('ag1')?.instanceId, 'p0')
+    t.equal(await b.shared.anyOpen(['ag1']), false, 'no stream anywhere')
+    a.agents.streamOpened('ag1')
+    a.shared.opened('ag1')
+    t.ok(await waitFor(() => b.shared.anyOpen(['ag1'])), "b sees a's stream")
+    alive.delete('a')
+    t.equal(await b.shared.anyOpen(['ag1']), false, 'a stream held by a router that is gone does not count')
+    alive.add('a')
+    a.agents.streamClosed('ag1')
+    a.shared.closed('ag1')
+    t.ok(await waitFor(async () => !(await b.shared.anyOpen(['ag1']))), 'closed')
+    a.agents.remove('ag1')
+    t.ok(await waitFor(() => b.agents.get('ag1') === undefined), 'removed on a, gone on b')
+  })
+
+  t.test('Redis restarted empty: what each router holds is written back, and changes flow again', async (t) => {
+    const { server, router } = await setup(t)
+    const a = await router('a')
+    const b = await router('b')
+    a.registry.add({ id: 'd1', role: 'decode', url: 'http://127.0.0.1:2001' }, 'admin')
+    a.agents.register({ agentId: 'ag1', engineId: 'e1', role: 'decode', agentUrl: 'http://127.0.0.1:3001' }, undefined)
+    t.ok(await waitFor(() => b.registry.has('d1') && b.agents.get('ag1') !== undefined))
+    await server.stop()
+    // Learned while Redis is away: kept, and written first when it is back.
+    b.registry.observeEngineId('d1', 'eng-d1')
+    await server.start()
+    t.ok(await waitFor(() => view(a.registry, 'd1')?.engineId === 'eng-d1', 10_000), "b's engine_id learned during the outage reaches a after the resync")
+    const late = await router('late')
+    t.ok(late.registry.has('d1') && late.agents.get('ag1') !== undefined, 'the empty Redis got the topology back from the routers')
+    a.registry.add({ id: 'd2', role: 'decode', url: 'http://127.0.0.1:2002' }, 'admin')
+    t.ok(await waitFor(() => b.registry.has('d2') && late.registry.has('d2')), 'and changes flow again')
+  })
+})

@@ -10,7 +10,6 @@ import { fork, type ChildProcess } from 'node:child_process'
 import { once } from 'node:events'
 import { fileURLToPath } from 'node:url'
 import {
-  addressOf,
   createAgent,
   loadNixl,
   packDescriptors,

@@ -8,7 +8,7 @@ import { request } from 'undici'
 import { spawnService } from '../../common/spawn.js'
 import { freePort } from '../../common/ports.js'
 import { get } from '../helpers/cluster.js'
-import { complete, completionBody, sleep, startEngine, tally, within, type Engine, type Outcome } from '../helpers/pd-agents.js'
+import { complete, completionBody, sleep, startEngine, tally, within, type Outcome } from '../helpers/pd-agents.js'
 import { needNixl, probeNixl } from '../native/helpers.js'
 
 /*

@@ -1,7 +1,7 @@
 import type { Test } from 'tap'
 import { freePort } from '../../common/ports.js'
 import type { SpawnedService } from '../../common/spawn.js'
-import { get, post } from './cluster.js'
+import { ADMIN, agentStatus, LEASE_S } from './event-log.js'
 import { startEngine, startRouterProcess, within, type Engine } from './pd-agents.js'
 import { startRedis, type LocalRedis } from './redis.js'
 
@@ -10,19 +10,7 @@ import { startRedis, type LocalRedis } from './redis.js'
  * redis-server, in front of simulators with transfer agents that know both routers.
  */
 
-export const LEASE_S = 10
-export const ADMIN = 'admin-token-0123'
-export const admin = { authorization: `Bearer ${ADMIN}` }
 const fastHealth = { health: { intervalMs: 100, timeoutMs: 500, unhealthyThreshold: 2, baseEjectionMs: 200, maxEjectionMs: 1000 } }
-
-export interface Status {
-  agentId: string
-  engineId: string | null
-  router: { connected: boolean; routerId: string | null; lastApplied: number; lastAcked: number }
-}
-
-export const agentStatus = async (e: Engine): Promise<Status> => (await get(`${e.agent.url}/v1/status`)).json()
-
 
 export interface Fleet {
   redis: LocalRedis
@@ -46,15 +34,3 @@ export async function fleet(t: Test, order: [number, number] = [0, 1]): Promise<
   t.ok(ms >= 0, `both agents follow the shared log (${Math.round(ms)} ms after the routers started)`)
   return { redis, prefill, decode, routers }
 }
-
-export async function delivered(url: string, seq: number, agents: string[]): Promise<boolean> {
-  const d = (await get(`${url}/fault_tolerance/events/${seq}`, admin)).json<{ applied: string[]; expected: string[] }>()
-  return agents.every((a) => d.applied.includes(a) && d.expected.includes(a))
-}
-
-/** A throwaway engine to declare gone: an agent registration nobody streams for. */
-export async function ghost(url: string, name: string, port: number): Promise<void> {
-  const res = await post(`${url}/v1/agents`, { agentId: `ghost-${name}`, engineId: `ghost-${name}`, role: 'prefill', agentUrl: `http://127.0.0.1:${port}` })
-  if (res.status !== 200) throw new Error(`ghost registration: ${res.status} ${res.text}`)
-}
-

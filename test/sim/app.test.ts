@@ -1,8 +1,6 @@
-import { pino } from 'pino'
 import t from 'tap'
 import { ManualClock } from '../../common/clock.js'
 import type { SimConfig } from '../../schemas/sim-config.js'
-import { buildApp } from '../../sim/src/app.js'
 import { validateSimConfig } from '../../sim/src/config.js'
 import { SIM_ERROR_CODES } from '../../sim/src/errors.js'
 import { oracleText } from '../../sim/src/oracle.js'

@@ -1,5 +1,4 @@
 import t from 'tap'
-import { ManualClock } from '../../common/clock.js'
 import { seededRandom } from '../../common/random.js'
 import { BlockAllocator } from '../../sim/src/block-allocator.js'
 import { renderChat } from '../../sim/src/chat-template.js'

@@ -1,0 +1,47 @@
+import type { Test } from 'tap'
+import { complete, completionBody, sleep, tally, type Engine, type Outcome } from './pd-agents.js'
+
+/*
+ * The stale-read scenarios' run (test/scenarios/stale-read*.test.ts): traffic through the
+ * router while the decoders' agents are stopped (SIGSTOP) for longer or shorter than a lease.
+ */
+
+/** P's lease in these scenarios: a 10 s stop outlives it, a 2 s stop does not. */
+export const LEASE_S = 5
+
+export interface Run {
+  stopMs: number
+  decoders: Engine[]
+  outcomes: Outcome[]
+}
+
+/** Traffic every `everyMs` for the whole run; the decoders' agents stopped from 1 s for `stopMs`. */
+export async function stallRun(url: string, decoders: Engine[], stopMs: number, tag: string): Promise<Run> {
+  const everyMs = 150
+  const totalMs = 1000 + stopMs + 1500
+  const pending: Promise<Outcome>[] = []
+  const started = performance.now()
+  let stopped = false
+  let continued = false
+  for (let i = 0; performance.now() - started < totalMs; i++) {
+    pending.push(complete(url, completionBody(i, tag), i, 90_000))
+    const now = performance.now() - started
+    if (!stopped && now >= 1000) {
+      for (const d of decoders) d.agent.child.kill('SIGSTOP')
+      stopped = true
+    }
+    if (stopped && !continued && now >= 1000 + stopMs) {
+      for (const d of decoders) d.agent.child.kill('SIGCONT')
+      continued = true
+    }
+    await sleep(everyMs)
+  }
+  if (!continued) for (const d of decoders) d.agent.child.kill('SIGCONT')
+  return { stopMs, decoders, outcomes: await Promise.all(pending) }
+}
+
+export function report(t: Test, name: string, outcomes: readonly Outcome[]): ReturnType<typeof tally> {
+  const s = tally(outcomes)
+  t.comment(`${name}: ${s.requests} requests, ${s.ok} oracle text, ${s.wrong} wrong text, ${s.failed} failed ${JSON.stringify(s.codes)}`)
+  return s
+}

@@ -9,6 +9,7 @@
 import { fork, type ChildProcess } from 'node:child_process'
 import { once } from 'node:events'
 import { fileURLToPath } from 'node:url'
+import { parseArgs } from 'node:util'
 import {
   createAgent,
   loadNixl,
@@ -274,7 +275,15 @@ type CellResult = Omit<NixlBenchRow, 'bench' | 'op' | 'ucx_tls' | 'nixl_version'
 
 /** Entry point of `handoff bench nixl [--quick]`. */
 export async function runNixlBench(argv: string[]): Promise<void> {
-  const p = plan(argv.includes('--quick'))
+  // Strict: an unknown flag is an error rather than a full run (which takes minutes).
+  const { values } = parseArgs({ args: argv, options: { quick: { type: 'boolean' }, help: { type: 'boolean', short: 'h' } } })
+  if (values.help) {
+    process.stdout.write(
+      'usage: handoff bench nixl [--quick]\n\nNIXL READs between two local processes (UCX, per UCX_TLS variant) against memcpy, over a grid of block sizes and batches;\none JSON line per cell on stdout, every byte verified. --quick: 2 variants and a small grid.\n',
+    )
+    return
+  }
+  const p = plan(values.quick === true)
   const info = await loadNixl({ libDir: process.env.NIXL_LIB_DIR })
   process.stderr.write(`bench nixl: NIXL ${info.version ?? '?'} from ${info.path}\n`)
   const expected = Buffer.allocUnsafeSlow(REGION)

@@ -54,6 +54,9 @@ export const SimConfig = Type.Object(
         garbageRate: Type.Number({ minimum: 0, maximum: 1, default: 0 }),
         // Destroy the socket after the headers (and the first SSE chunk when streaming).
         disconnectRate: Type.Number({ minimum: 0, maximum: 1, default: 0 }),
+        // A decode leg's KV load fails as a failed pull does: kv_load_failure_policy decides
+        // (fail: 500, or 200 and an error event when streamed, as vLLM; recompute: D prefills).
+        kvLoadFailureRate: Type.Number({ minimum: 0, maximum: 1, default: 0 }),
         // GET /health answers 503, like vLLM after EngineDeadError.
         unhealthy: Type.Boolean({ default: false }),
         // The model samples its EOS token (sim/src/stop.ts EOS_TOKEN_ID) as output token N

@@ -58,6 +58,8 @@ export interface EngineRequest {
   kvTransferParams: Record<string, unknown> | null | undefined
   signal: AbortSignal
   log: { warn(obj: object, msg: string): void; info(obj: object, msg: string): void }
+  /** Fault injection (`kvLoadFailureRate`): a decode leg's KV load fails without being tried. */
+  failKvLoad?: boolean
 }
 
 export interface EngineResult {
@@ -125,6 +127,9 @@ export class SimEngine {
         const remote = parseRemoteKv(params, o.vllmCompat === 'legacy' ? { legacyRequestId: internalId } : {})
         if ('missing' in remote) {
           req.log.warn({ internalId, missing: remote.missing, kvTransferParams: params }, 'Got invalid KVTransferParams')
+        } else if (req.failKvLoad) {
+          const injected = this.#loadFailed(req, internalId, new Error('injected KV load failure (kvLoadFailureRate)'), 'SIM_INJECTED')
+          kvLoad = { outcome: 'recomputed', agentCode: injected.recompute }
         } else if (o.kv) {
           const pulled = await this.#pullAndGenerate(o.kv, remote, req, internalId)
           if (Array.isArray(pulled)) {

@@ -6,11 +6,11 @@ export type Faults = SimConfig['faults']
 export type FaultsPatch = Partial<Omit<Faults, 'crashAfter' | 'eosAfterTokens'>> & { crashAfter?: number | null; eosAfterTokens?: number | null }
 
 /** What to do to one request, decided once when it is accepted. */
-export type FaultAction = 'crash' | 'error' | 'garbage' | 'stall' | 'disconnect' | 'none'
+export type FaultAction = 'crash' | 'error' | 'garbage' | 'stall' | 'disconnect' | 'kv_load_failure' | 'none'
 
 /**
  * Fault injection state, changeable at run time. Each rate is an independent draw from the
- * injected Random, in a fixed order (error, garbage, stall, disconnect), so a seeded
+ * injected Random, in a fixed order (error, garbage, stall, disconnect, KV load failure), so a seeded
  * simulator injects the same faults into the same request sequence.
  */
 export class FaultState {
@@ -54,6 +54,7 @@ export class FaultState {
     if (f.garbageRate > 0 && random.next() < f.garbageRate) return 'garbage'
     if (f.stallRate > 0 && random.next() < f.stallRate) return 'stall'
     if (f.disconnectRate > 0 && random.next() < f.disconnectRate) return 'disconnect'
+    if (f.kvLoadFailureRate > 0 && random.next() < f.kvLoadFailureRate) return 'kv_load_failure'
     return 'none'
   }
 }

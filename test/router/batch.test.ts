@@ -1,5 +1,5 @@
 import t from 'tap'
-import { post, simRequests, sseEvents, startRouter, startSim } from '../helpers/cluster.js'
+import { get, post, simRequests, sseEvents, startRouter, startSim } from '../helpers/cluster.js'
 
 // Issue 6 item 4: vLLM returns kv_transfer_params for a batch's first prompt only, so the
 // router splits a batch into one handoff per prompt and merges the answers in order.
@@ -87,4 +87,15 @@ t.test("one prompt's failure answers for the batch", async (t) => {
   // D refuses more tokens than the model allows (P got max_tokens 1): D's 400 is relayed.
   const res = await post(`${url}/v1/completions`, { model: MODEL, prompt: ['ok', 'fine'], max_tokens: 10_000_000 })
   t.equal(res.status, 400)
+})
+
+t.test("a streamed batch whose engine sends an error event: passed on as it came, then [DONE], and the batch ends", async (t) => {
+  await post(`${d.url}/sim/faults`, { kvLoadFailureRate: 1 })
+  t.teardown(() => post(`${d.url}/sim/faults`, { kvLoadFailureRate: 0 }))
+  const res = await post(`${url}/v1/completions`, { model: MODEL, prompt: prompts, max_tokens: 6, stream: true })
+  t.equal(res.status, 200)
+  const events = sseEvents(res.text)
+  t.match(events, [{ error: { code: 'SIM_ERR_KV_LOAD_FAILED' } }, '[DONE]'], "one engine's error event, untouched (no choices or id added), then [DONE]")
+  t.notOk('choices' in (events[0] as object), 'the error event is not reshaped as a chunk')
+  t.match((await get(`${url}/metrics`)).text, /handoff_router_requests_total\{mode="pd",outcome="engine_error_event"\} 1/, 'counted as failed, not ok')
 })

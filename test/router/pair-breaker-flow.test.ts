@@ -1,13 +1,12 @@
-import t from 'tap'
-import { get, post, simRequests, startRouter, startSim } from '../helpers/cluster.js'
+import t, { type Test } from 'tap'
+import { get, post, simRequests, sseEvents, startRouter, startSim } from '../helpers/cluster.js'
 
 const ADMIN = 'admin-token-123'
 
-t.test('a pair whose KV loads keep failing rests; its engines keep serving other pairs', async (t) => {
+/** P, a failing decoder d0 (started with `d0Args`) and a healthy d1, behind a router whose breaker opens after 2 failures. */
+async function cluster(t: Test, d0Args: string[]) {
   const p = await startSim(t, ['--role', 'prefill'])
-  // d0 answers every completion with a 500 (as vLLM does for a failed KV load under
-  // kv_load_failure_policy=fail); its /health stays fine, so only the pair can tell.
-  const d0 = await startSim(t, ['--role', 'decode', '--error-rate', '1'])
+  const d0 = await startSim(t, ['--role', 'decode', ...d0Args])
   const d1 = await startSim(t, ['--role', 'decode'])
   const { url } = await startRouter(
     t,
@@ -18,6 +17,13 @@ t.test('a pair whose KV loads keep failing rests; its engines keep serving other
     ],
     { adminToken: ADMIN, pairBreaker: { failureThreshold: 2, openMs: 60_000, maxOpenMs: 120_000 } },
   )
+  return { d0, url }
+}
+
+t.test('a pair whose KV loads keep failing rests; its engines keep serving other pairs', async (t) => {
+  // d0 answers every completion with a 500 (as vLLM does for a failed KV load under
+  // kv_load_failure_policy=fail); its /health stays fine, so only the pair can tell.
+  const { d0, url } = await cluster(t, ['--error-rate', '1'])
   const statuses: number[] = []
   for (let i = 0; i < 24; i++) statuses.push((await post(`${url}/v1/completions`, { model: 'handoff/sim-1', prompt: `breaker ${i}`, max_tokens: 2 })).status)
   const toD0 = (await simRequests(d0)).filter((r) => r.path === '/v1/completions').length
@@ -26,6 +32,34 @@ t.test('a pair whose KV loads keep failing rests; its engines keep serving other
   const topo = (await get(`${url}/topology`, { authorization: `Bearer ${ADMIN}` })).json<{ pairing: { resting: { prefill: string; decode: string; state: string }[] } }>()
   t.match(topo.pairing.resting, [{ prefill: 'p0', decode: 'd0', state: 'open' }])
   t.match((await get(`${url}/metrics`)).text, /handoff_router_pair_breaker_opens_total 1/)
+  const ready = (await get(`${url}/ready`)).json<{ instances: { id: string; healthy: boolean }[] }>()
+  t.ok(ready.instances.every((i) => i.healthy), 'no engine was marked unhealthy')
+})
+
+t.test('streamed: a KV load that fails after the 200 (an error event) counts against the pair too', async (t) => {
+  // d0's KV loads fail (policy fail): streamed, vLLM answers 200, then an error event and
+  // [DONE]. The status says nothing; only the first frame does.
+  const { d0, url } = await cluster(t, ['--kv-load-failure-rate', '1'])
+  const answers: { status: number; events: ReturnType<typeof sseEvents> }[] = []
+  for (let i = 0; i < 24; i++) {
+    const res = await post(`${url}/v1/completions`, { model: 'handoff/sim-1', prompt: `streamed breaker ${i}`, max_tokens: 2, stream: true })
+    answers.push({ status: res.status, events: sseEvents(res.text) })
+  }
+  const toD0 = (await simRequests(d0)).filter((r) => r.path === '/v1/completions').length
+  t.equal(toD0, 2, 'd0 got exactly the two decode legs that opened the breaker')
+  const failed = answers.filter((a) => a.events.some((e) => e !== '[DONE]' && 'error' in e))
+  t.equal(failed.length, 2, 'only those two carried an error event')
+  for (const a of failed) {
+    t.equal(a.status, 200, "the engine's 200 was relayed")
+    t.match(a.events, [{ error: { code: 'SIM_ERR_KV_LOAD_FAILED' } }, '[DONE]'], "D's error event as it came, then [DONE]")
+  }
+  const topo = (await get(`${url}/topology`, { authorization: `Bearer ${ADMIN}` })).json<{ pairing: { resting: { prefill: string; decode: string; state: string }[] } }>()
+  t.match(topo.pairing.resting, [{ prefill: 'p0', decode: 'd0', state: 'open' }])
+  const metrics = (await get(`${url}/metrics`)).text
+  t.match(metrics, /handoff_router_pair_breaker_opens_total 1/)
+  t.match(metrics, /handoff_router_requests_total\{mode="pd",outcome="engine_error_event"\} 2/, 'counted as failed, not ok')
+  t.match(metrics, /handoff_router_requests_total\{mode="pd",outcome="ok"\} 22/)
+  t.match(metrics, /handoff_router_leases_released_total\{reason="decode_failed"\} 2/, "the failed loads' leases went back to P")
   const ready = (await get(`${url}/ready`)).json<{ instances: { id: string; healthy: boolean }[] }>()
   t.ok(ready.instances.every((i) => i.healthy), 'no engine was marked unhealthy')
 })

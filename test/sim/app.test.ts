@@ -124,6 +124,32 @@ t.test('decode leg: P params, invalid params, mismatched prompt', async (t) => {
   t.equal(wrong.json().kv_transfer_params, null)
 })
 
+t.test('kvLoadFailureRate: a decode leg fails its KV load as a failed pull does; other legs are untouched', async (t) => {
+  const p = build(t, { role: 'prefill' })
+  const body = { model: MODEL, prompt: 'A prompt whose KV load will fail', max_tokens: 6 }
+  const params = (await p.app.inject({ method: 'POST', url: '/v1/completions', payload: { ...body, max_tokens: 1, kv_transfer_params: { do_remote_decode: true } } })).json().kv_transfer_params
+  const oracle = oracleText({ kind: 'completion', prompt: body.prompt, maxTokens: 6 })
+
+  const fail = build(t, { role: 'decode', faults: { kvLoadFailureRate: 1 } })
+  const whole = await fail.app.inject({ method: 'POST', url: '/v1/completions', payload: { ...body, kv_transfer_params: params } })
+  t.equal(whole.statusCode, 500, 'policy fail, not streamed: 500')
+  t.match(whole.json(), { error: { code: 'SIM_ERR_KV_LOAD_FAILED', message: /SIM_INJECTED/ } })
+  const streamed = await fail.app.inject({ method: 'POST', url: '/v1/completions', payload: { ...body, stream: true, kv_transfer_params: params } })
+  t.equal(streamed.statusCode, 200, 'streamed: 200 first, as vLLM')
+  const sse = parseSse(streamed.body)
+  t.match(sse.frames, [{ error: { code: 'SIM_ERR_KV_LOAD_FAILED' } }], 'then one error event')
+  t.ok(sse.done, 'and [DONE]')
+  const plain = await fail.app.inject({ method: 'POST', url: '/v1/completions', payload: body })
+  t.equal(plain.json().choices[0].text, oracle, 'a request without params has no KV to load: served')
+  t.match((await fail.app.inject({ url: '/sim/faults' })).json(), { kvLoadFailureRate: 1 })
+
+  const recompute = build(t, { role: 'decode', kvLoadFailurePolicy: 'recompute', faults: { kvLoadFailureRate: 1 } })
+  const again = await recompute.app.inject({ method: 'POST', url: '/v1/completions', payload: { ...body, kv_transfer_params: params } })
+  t.equal(again.statusCode, 200, 'policy recompute: served')
+  t.equal(again.json().choices[0].text, oracle, 'with the oracle text, prefilled by D itself')
+  t.match(recompute.logs.find((l) => l.msg === 'request served'), { mode: 'local' })
+})
+
 t.test('bad requests get OpenAI error bodies', async (t) => {
   const { app } = build(t, { maxModelLen: 20 })
   const cases: [object | string, number, string][] = [

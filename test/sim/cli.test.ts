@@ -32,7 +32,7 @@ t.test('flags map onto SimConfig', async (t) => {
   const u = usage()
   for (const flag of ['--role', '--kv', '--block-size', '--num-blocks', '--max-model-len', '--default-max-tokens', '--prefill-delay-ms',
     '--decode-delay-ms', '--side-channel-host', '--side-channel-port', '--error-rate', '--stall-rate', '--stall-ms', '--crash-after',
-    '--garbage-rate', '--disconnect-rate', '--unhealthy', '--seed', '--log-level', '--body-limit']) {
+    '--garbage-rate', '--disconnect-rate', '--kv-load-failure-rate', '--unhealthy', '--seed', '--log-level', '--body-limit']) {
     t.match(u, flag)
   }
 })

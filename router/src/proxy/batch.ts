@@ -61,19 +61,32 @@ function sseData(text: string): { data: string[]; rest: string } {
   return { data, rest }
 }
 
+/** A batch stream carried an engine's own error event (passed on as it came): the batch ends there. */
+export class EngineErrorEvent extends Error {
+  constructor(readonly prompt: number) {
+    super(`prompt ${prompt}: the engine's stream carried an error event`)
+  }
+}
+
 /**
  * Interleaves the SSE streams of a batch's handoffs as vLLM streams a batch: chunks in the
  * order they come, choices renumbered prompt-major, one id for all, the usage chunks summed
- * into one at the end, one [DONE]. A stream that fails throws (the caller ends the response
- * with an error event).
+ * into one at the end, one [DONE]. `onFirstFrame(i, kind)`: stream i's first whole frame, data
+ * or the engine's error event. A stream that fails throws (the caller ends the response with an
+ * error event); an engine's error event is yielded as it came, then EngineErrorEvent is thrown.
  */
-export async function* mergeStreams(body: Body, streams: AsyncIterable<Buffer>[]): AsyncGenerator<string> {
+export async function* mergeStreams(
+  body: Body,
+  streams: AsyncIterable<Buffer>[],
+  onFirstFrame: (i: number, kind: 'data' | 'error') => void = () => {},
+): AsyncGenerator<string> {
   const n = choicesPerPrompt(body)
   const usage: Usage = {}
   let sawUsage = false
   let id: unknown
   const iters = streams.map((s) => s[Symbol.asyncIterator]())
   const tails = streams.map(() => '')
+  const started = streams.map(() => false)
   // Failures become values, so a stream that fails after another already did is not unhandled.
   const next = (i: number) =>
     (iters[i] as AsyncIterator<Buffer>).next().then(
@@ -95,6 +108,15 @@ export async function* mergeStreams(body: Body, streams: AsyncIterable<Buffer>[]
     for (const d of data) {
       if (d === '[DONE]') continue
       const chunk = JSON.parse(d) as Body
+      const error = 'error' in chunk
+      if (!started[i]) {
+        started[i] = true
+        onFirstFrame(i, error ? 'error' : 'data')
+      }
+      if (error) {
+        yield `${out}data: ${d}\n\n`
+        throw new EngineErrorEvent(i)
+      }
       const choices = chunk.choices
       if (Array.isArray(choices) && choices.length === 0 && chunk.usage) {
         sawUsage = true

@@ -6,8 +6,11 @@ import type { RouterMetrics } from '../metrics.js'
 import type { TopologyRegistry } from '../topology/registry.js'
 import type { Route } from '../topology/selection.js'
 
-/** How a request ended: `ok`, the client left, an engine's own 4xx (`http_404`), or a router code. */
-export type Outcome = 'ok' | 'client_gone' | `http_${number}` | RouterErrorCode
+/**
+ * How a request ended: `ok`, the client left, an engine's own 4xx (`http_404`), a stream that
+ * carried the engine's own error event (its status, 200, was sent before it failed), or a router code.
+ */
+export type Outcome = 'ok' | 'client_gone' | `http_${number}` | 'engine_error_event' | RouterErrorCode
 
 export interface ExchangeDeps {
   registry: TopologyRegistry
@@ -72,7 +75,7 @@ export class Handoff {
     this.#ex.deps.ledger.reading(this.engineRequestId)
   }
 
-  /** D produced its first byte: the read is done. */
+  /** D's answer began (its first frame, or a whole non-streamed answer): the read is done. */
   done(): void {
     if (this.#lease !== 'issued' && this.#lease !== 'reading') return
     this.#lease = 'done'

@@ -33,9 +33,13 @@ export interface HandoffDeps {
 
 type Body = Record<string, unknown>
 
-/** What the client gets for one handoff: D's answer as it comes, or an engine's own 4xx. */
+/**
+ * What the client gets for one handoff: D's answer as it comes, or an engine's own 4xx.
+ * `pairVerdict`: a streamed P/D answer's status says nothing of D's KV load (vLLM sends 200
+ * first, then an error event if the load failed), so its first frame judges the pair.
+ */
 export type Answer =
-  | { kind: 'upstream'; handoff: Handoff; call: UpstreamCall; answer: UpstreamAnswer }
+  | { kind: 'upstream'; handoff: Handoff; call: UpstreamCall; answer: UpstreamAnswer; pairVerdict?: (ok: boolean) => void }
   | { kind: 'engine-error'; handoff: Handoff; status: number; contentType: string; body: Buffer }
 
 type PdRoute = Route & { mode: 'pd' }
@@ -94,12 +98,16 @@ export class HandoffRunner {
     }
     const answer = await this.#decode(ex, h, pd, pd.decode, decodeBody(body, prefilled.params), path, headers)
     metrics.handoffGap.observe((clock.monotonic() - prefillDone) / 1000)
-    if (prefilled.params && answer.kind === 'upstream') {
-      // vLLM answers a failed KV load with 500 (kv_load_failure_policy=fail); such failures
-      // are often the pair's, not either engine's. A streamed answer has its 200 already.
-      const status = answer.answer.res.statusCode
-      if (status >= 500) this.#d.pairs?.recordFailure(pd.prefill.id, answer.call.target.id)
-      else if (status < 400) this.#d.pairs?.recordSuccess(pd.prefill.id, answer.call.target.id)
+    const pairs = this.#d.pairs
+    if (prefilled.params && answer.kind === 'upstream' && pairs) {
+      // vLLM answers a failed KV load with 500 (kv_load_failure_policy=fail), or, streamed,
+      // with 200 and then an error event; such failures are often the pair's, not either engine's.
+      const [p, d] = [pd.prefill.id, answer.call.target.id]
+      const { statusCode, headers: head } = answer.answer.res
+      if (statusCode >= 500) pairs.recordFailure(p, d)
+      else if (statusCode < 400 && String(head['content-type'] ?? '').startsWith('text/event-stream')) {
+        answer.pairVerdict = (ok) => (ok ? pairs.recordSuccess(p, d) : pairs.recordFailure(p, d))
+      } else if (statusCode < 400) pairs.recordSuccess(p, d)
     }
     return answer
   }

@@ -1,8 +1,8 @@
 import { Readable } from 'node:stream'
 import type { FastifyReply, FastifyRequest } from 'fastify'
 import { errorEvent, isRouterError, RTR_ERR_INTERNAL, type CodedError, type RouterErrorCode } from '../errors.js'
-import { mergeCompletions, mergeStreams, splitBatch } from './batch.js'
-import { ClientGone, Exchange, type ExchangeDeps, type Handoff } from './exchange.js'
+import { EngineErrorEvent, mergeCompletions, mergeStreams, splitBatch } from './batch.js'
+import { ClientGone, Exchange, type ExchangeDeps } from './exchange.js'
 import { HandoffRunner, type Answer, type HandoffDeps } from './handoff.js'
 import { wantsStream } from './legs.js'
 import { relaySse } from './relay.js'
@@ -68,9 +68,10 @@ export class CompletionProxy {
     // Past this point the status is sent: a failure can only end the stream with an error event.
     const relay = relaySse(res.body, {
       signal: ex.signal,
-      onFirstChunk: () => a.handoff.done(),
+      onFirstFrame: (kind) => firstFrame(a, kind),
       onEnd: (r) => {
-        if (r !== 'ok') ex.outcome(r.code)
+        if (r === 'error_event') ex.outcome('engine_error_event')
+        else if (r !== 'ok') ex.outcome(r.code)
       },
       mapError: (err) => upstream.fail(a.call, { kind: 'transport', cause: err }).error,
     })
@@ -108,11 +109,18 @@ export class CompletionProxy {
       )
       return reply.code(200).type(JSON_TYPE).send(mergeCompletions(body, parsed))
     }
-    const streams = ok.map((a) => firstChunkMarks(a.answer.res.body as AsyncIterable<Buffer>, a.handoff))
+    const streams = ok.map((a) => a.answer.res.body as AsyncIterable<Buffer>)
     const merged = async function* (this: void): AsyncGenerator<string> {
       try {
-        yield* mergeStreams(body, streams)
+        yield* mergeStreams(body, streams, (i, kind) => firstFrame(ok[i] as Answer & { kind: 'upstream' }, kind))
       } catch (err) {
+        if (err instanceof EngineErrorEvent) {
+          // One prompt's engine failed (its error event went out as it came): the batch ends.
+          ex.outcome('engine_error_event')
+          ex.abortUpstream(new BatchAborted())
+          yield 'data: [DONE]\n\n'
+          return
+        }
         if (ex.signal.aborted) return
         const failed = ok.find((a) => a.answer.res.body.errored) ?? (ok[0] as Answer & { kind: 'upstream' })
         const mapped = upstream.fail(failed.call, { kind: 'transport', cause: err }).error
@@ -145,13 +153,13 @@ async function allOrStop<T>(ex: Exchange, work: Promise<T>[]): Promise<T[]> {
   }
 }
 
-async function* firstChunkMarks(body: AsyncIterable<Buffer>, h: Handoff): AsyncGenerator<Buffer> {
-  let first = true
-  for await (const chunk of body) {
-    if (first) {
-      first = false
-      h.done()
-    }
-    yield chunk
-  }
+/**
+ * D's first frame of a streamed answer: data means its KV read is over (the lease is done);
+ * its own error event means the decode failed (the lease is released to P at settle). Either
+ * judges the pair.
+ */
+function firstFrame(a: Answer & { kind: 'upstream' }, kind: 'data' | 'error'): void {
+  if (kind === 'data') a.handoff.done()
+  else a.handoff.decodeFailed()
+  a.pairVerdict?.(kind === 'data')
 }

@@ -79,7 +79,7 @@ async function serve(ctx: SimContext, kind: Kind, request: FastifyRequest<{ Body
   }
   let result: EngineResult
   try {
-    result = await ctx.engine.run({ responseId, input, kvTransferParams: body.kv_transfer_params, signal, log: request.log })
+    result = await ctx.engine.run({ responseId, input, kvTransferParams: body.kv_transfer_params, signal, log: request.log, failKvLoad: fault === 'kv_load_failure' })
   } catch (err) {
     done(false)
     if (isKvLoadFailure(err)) {

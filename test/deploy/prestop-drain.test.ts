@@ -1,4 +1,7 @@
 import { spawn } from 'node:child_process'
+import { once } from 'node:events'
+import { createServer } from 'node:http'
+import type { AddressInfo } from 'node:net'
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { dirname, join, resolve } from 'node:path'
@@ -8,7 +11,7 @@ import { request } from 'undici'
 import { spawnService } from '../../common/spawn.js'
 import { freePort } from '../../common/ports.js'
 import { get } from '../helpers/cluster.js'
-import { complete, completionBody, sleep, startEngine, tally, within, type Outcome } from '../helpers/pd-agents.js'
+import { complete, completionBody, sleep, startEngine, stuckRequest, tally, within, type Outcome } from '../helpers/pd-agents.js'
 import { needNixl, probeNixl } from '../native/helpers.js'
 
 /*
@@ -36,7 +39,7 @@ interface Run {
 }
 
 /** Runs the script as the kubelet would (python3, the pod's env); never rejects. */
-function runScript(args: string[], env: Record<string, string>): { done: Promise<Run>; running(): boolean } {
+function runScript(args: string[], env: Record<string, string>): { done: Promise<Run>; running(): boolean; stderr(): string } {
   const child = spawn('python3', [script, ...args], { env: { PATH: process.env.PATH ?? '', ...env }, stdio: ['ignore', 'ignore', 'pipe'] })
   let stderr = ''
   child.stderr.on('data', (d: Buffer) => (stderr += d.toString()))
@@ -50,7 +53,7 @@ function runScript(args: string[], env: Record<string, string>): { done: Promise
       if (child.stderr.closed) resolve({ code, stderr, exitedAt: performance.now() })
     })
   })
-  return { done, running: () => !exited }
+  return { done, running: () => !exited, stderr: () => stderr }
 }
 
 interface LeaseView {
@@ -192,7 +195,8 @@ t.test('the preStop drain script against a real router', { skip: needNixl(t, pro
     t.ok(lastHeld >= 0 && lastHeld < run.exitedAt, `the last sight of anything held at P0 (${Math.round(lastHeld - started)} ms) came before the script's exit (${Math.round(run.exitedAt - started)} ms)`)
     t.match(run.stderr, /draining k8s:llm:prefill-0 via/)
     t.match(run.stderr, /waiting for k8s:llm:prefill-0: \d+ in flight, [1-9]\d* unread lease\(s\)/, 'a progress line said what was left')
-    t.match(run.stderr, /k8s:llm:prefill-0 drained after/)
+    // Drained while the script waited, or between two of its polls (the router then forgets it: 404).
+    t.match(run.stderr, /k8s:llm:prefill-0 (drained after|gone from .* \(404: drained and removed)/)
     const tl = tally(outcomes)
     t.ok(outcomes.length > afterDrain, 'traffic went on after the drain')
     t.same({ failed: tl.failed, wrong: tl.wrong, codes: tl.codes }, { failed: 0, wrong: 0, codes: {} }, `${tl.requests} requests, all ok`)
@@ -207,18 +211,7 @@ t.test('the preStop drain script against a real router', { skip: needNixl(t, pro
   })
 
   t.test('a lease that cannot end before the deadline: exit 1 with what was left', async (t) => {
-    d0.agent.child.kill('SIGSTOP')
-    let stopped = true
-    t.teardown(() => {
-      if (stopped) d0.agent.child.kill('SIGCONT')
-    })
-    const ac = new AbortController()
-    const pending = request(`${router.url}/v1/completions`, {
-      method: 'POST',
-      headers: { 'content-type': 'application/json' },
-      body: JSON.stringify(completionBody(9000, 'stuck')),
-      signal: ac.signal,
-    }).catch((err: Error) => err.name)
+    const stuck = stuckRequest(t, router.url, d0, completionBody(9000, 'stuck'))
     let holder = ''
     t.ok(
       (await within(5000, async () => {
@@ -235,9 +228,55 @@ t.test('the preStop drain script against a real router', { skip: needNixl(t, pro
     t.equal(run.code, 1, run.stderr)
     t.match(run.stderr, new RegExp(`FAILED: deadline \\(1.5 s\\) passed with ${holder} not drained: \\d+ in flight, 1 unread lease\\(s\\)`))
     t.ok(took >= 1400 && took < 6000, `it gave up at the deadline (${Math.round(took)} ms)`)
-    ac.abort()
-    t.equal(await pending, 'AbortError')
-    d0.agent.child.kill('SIGCONT')
-    stopped = false
+    stuck.abort()
+    t.equal(await stuck.pending, 'AbortError')
+    stuck.resume()
   })
+
+  t.test('the instance is removed while the script waits: exit 0, saying so', async (t) => {
+    const stuck = stuckRequest(t, router.url, d0, completionBody(9001, 'gone'))
+    let holder = ''
+    t.ok(
+      (await within(5000, async () => {
+        holder = Object.keys((await get(`${router.url}/leases`, admin)).json<LeaseView>().byPrefill)[0] ?? ''
+        return holder !== ''
+      })) >= 0,
+      'a lease is held',
+    )
+    const script = runScript(['--router-url', router.url, '--deadline-seconds', '20', '--progress-seconds', '0.3'], podEnv(holder.split(':')[2] ?? ''))
+    t.ok((await within(5000, async () => script.stderr().includes(`waiting for ${holder}`))) >= 0, 'the script waits on the held lease')
+    const del = await request(`${router.url}/admin/instances/${encodeURIComponent(holder)}`, { method: 'DELETE', headers: admin })
+    t.equal(del.statusCode, 200)
+    await del.body.dump()
+    const run = await script.done
+    t.equal(run.code, 0, run.stderr)
+    // Removed during a poll (the waiting call answers `removed`) or between two (the next one gets 404).
+    t.match(run.stderr, new RegExp(`${holder} (removed after [\\d.]+ s: the router no longer routes to it|gone from .* \\(404: drained and removed between two polls, or removed\\))`))
+    t.notMatch(run.stderr, /no unread lease|is not known to/, 'neither claimed drained nor an instance the router never knew')
+    stuck.abort()
+    await stuck.pending
+    stuck.resume()
+  })
+})
+
+t.test('a router that forgets the instance between two polls (404 after it answered): exit 0, not "never known"', async (t) => {
+  // The race the real router gives at random (the drain ends while no call waits, and the
+  // instance is removed): a stub answering the router's own shapes makes it certain.
+  let calls = 0
+  const server = createServer((req, res) => {
+    calls++
+    req.resume()
+    if (calls === 1) res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify({ id: P0, drained: false, removed: false, inflight: 0, unreadLeases: 1 }))
+    else res.writeHead(404, { 'content-type': 'application/json' }).end(JSON.stringify({ error: { message: `instance ${P0} is not in the topology`, type: 'not_found_error', param: null, code: 'RTR_ERR_INSTANCE_NOT_FOUND' } }))
+  })
+  server.listen(0, '127.0.0.1')
+  await once(server, 'listening')
+  t.teardown(() => server.close())
+  const url = `http://127.0.0.1:${(server.address() as AddressInfo).port}`
+  const run = await runScript(['--router-url', url, '--deadline-seconds', '10', '--progress-seconds', '0.2'], { POD_NAMESPACE: NS, POD_NAME: 'prefill-0', HANDOFF_ADMIN_TOKEN: ADMIN }).done
+  t.equal(run.code, 0, run.stderr)
+  t.equal(calls, 2)
+  t.match(run.stderr, /waiting for k8s:llm:prefill-0: 0 in flight, 1 unread lease/)
+  t.match(run.stderr, new RegExp(`k8s:llm:prefill-0 gone from ${url} after [\\d.]+ s \\(404: drained and removed between two polls, or removed\\): nothing routes to it`))
+  t.notMatch(run.stderr, /is not known to/)
 })

@@ -226,3 +226,23 @@ export async function within(ms: number, check: () => Promise<boolean>): Promise
   }
   return -1
 }
+
+/**
+ * A request that stays between its legs: the decoder's agent is stopped (SIGSTOP) before it
+ * is sent, so its lease is held unread until `abort()` (the client leaves) and `resume()`
+ * (SIGCONT; also at teardown). `pending` resolves to the error's name once aborted.
+ */
+export function stuckRequest(t: Teardown, routerUrl: string, decoder: Engine, body: Record<string, unknown>): { pending: Promise<string | unknown>; abort(): void; resume(): void } {
+  decoder.agent.child.kill('SIGSTOP')
+  let stopped = true
+  const resume = (): void => {
+    if (stopped) decoder.agent.child.kill('SIGCONT')
+    stopped = false
+  }
+  t.teardown(resume)
+  const ac = new AbortController()
+  const pending = request(`${routerUrl}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body), signal: ac.signal }).catch(
+    (err: Error) => err.name,
+  )
+  return { pending, abort: () => ac.abort(), resume }
+}

@@ -25,7 +25,7 @@ Inputs (a flag wins over its environment variable):
                                       /proc/1/fd/2 so they show in `kubectl logs`
 
 Exit status: 0 drained, removed, or unknown to the router (404: nothing routes to this pod,
-e.g. it never became Ready or discovery already retired it); 1 the deadline passed with work
+e.g. it never became Ready, discovery already retired it, or the drain ended between two polls); 1 the deadline passed with work
 left; 2 no router could be reached; 3 bad arguments; 4 a router refused the call (401/403:
 wrong admin token; 400). Whatever the status, Kubernetes goes on with the termination: a
 failed preStop hook is only logged as a FailedPreStopHook event on the pod (with this
@@ -175,12 +175,21 @@ def main(argv):
         failed_rounds = 0
         elapsed = time.monotonic() - start
         if status is None:
-            log("%s is not known to %s (404): nothing routes to it, done after %.1f s" % (args.instance_id, url, elapsed))
+            if last is None:
+                log("%s is not known to %s (404): nothing routes to it, done after %.1f s" % (args.instance_id, url, elapsed))
+            else:
+                # A router answered for it before: the drain ended (and removed it) between two
+                # polls, or it was removed; either way nothing is left to wait for.
+                log("%s gone from %s after %.1f s (404: drained and removed between two polls, or removed): nothing routes to it"
+                    % (args.instance_id, url, elapsed))
             return EXIT_DRAINED
         last = status
-        if status.get("drained") or status.get("removed"):
-            how = "drained" if status.get("drained") else "removed"
-            log("%s %s after %.1f s: no request in flight, no unread lease" % (args.instance_id, how, elapsed))
+        if status.get("drained"):
+            log("%s drained after %.1f s: no request in flight, no unread lease" % (args.instance_id, elapsed))
+            return EXIT_DRAINED
+        if status.get("removed"):
+            # Removed while this call waited (by hand, or by discovery): nothing routes to it.
+            log("%s removed after %.1f s: the router no longer routes to it" % (args.instance_id, elapsed))
             return EXIT_DRAINED
         log(
             "waiting for %s: %d in flight, %d unread lease(s), %.1f s elapsed, %.1f s left"

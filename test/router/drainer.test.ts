@@ -110,19 +110,22 @@ t.test('a caller that hangs up stops waiting; a DELETE during a drain ends it un
   t.pass('a slot released after removal is a no-op')
 })
 
-t.test('a decoder that goes down or leaves: its unread leases are released to P', async (t) => {
+t.test('a decoder that goes down or leaves: its leases stay P\'s (out of routing is not gone; D may be reading)', async (t) => {
   const { registry, ledger, drainer, released, lease } = setup()
   ledger.issue(lease('r1', 'd0'))
   ledger.issue(lease('r2', 'd1'))
   ledger.issue(lease('r3', 'd1'))
+  ledger.reading('r1')
   ledger.reading('r3')
   registry.recordProbe('d0', true)
   registry.recordProbe('d0', false)
-  t.same(released, [['r1']], 'd0 went down')
+  t.notOk(registry.snapshot().instances.find((i) => i.id === 'd0')?.healthy, 'd0 is down')
+  t.same(released, [], 'd0 went down: nothing released')
   const r = await drainer.remove('d1', 'deregistered')
   t.same(r.peerGoneSeq, null, 'no engine_id known for d1: no peer_gone')
-  t.same(released, [['r1'], ['r2', 'r3']])
-  t.equal(await ledger.unreadBy('p0'), 0)
+  await tick()
+  t.same(released, [], 'd1 left: nothing released')
+  t.equal(await ledger.unreadBy('p0'), 3, 'every lease still counts for P')
 })
 
 t.test('a decoder drains on its requests in flight alone', async (t) => {

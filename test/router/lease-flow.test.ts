@@ -3,13 +3,15 @@ import { Dispatcher, request } from 'undici'
 import { oracleForBody } from '../../sim/src/oracle.js'
 import type { HandoffLease, LeaseLedger } from '../../router/src/leases/ledger.js'
 import type { RouterConfig } from '../../schemas/router-config.js'
+import { freePort } from '../../common/ports.js'
 import { get, post, simRequests, startRouter, startSim, waitFor } from '../helpers/cluster.js'
 
 /*
  * The lease ledger on the request path, with real simulator processes and an in-process
  * router: a lease that lapsed before the decode leg is never dispatched (re-prefilled once,
- * or failed with RTR_ERR_LEASE_LAPSED), and a client that leaves between the legs gets its
- * lease released to P's agent at once. A lapse needs time to pass between P's answer and
+ * or failed with RTR_ERR_LEASE_LAPSED); a lease D never got (a refused connection) is
+ * released to P's agent at once; one D was sent is never released by the router (issue 17):
+ * a client leaving or a decoder deregistered leaves it to P. A lapse needs time to pass between P's answer and
  * D's leg, which a healthy loopback never gives: the tests backdate the issue time the
  * router records (as a P whose answer reached the router late would).
  */
@@ -91,7 +93,7 @@ t.test('policy fail: a lapsed lease fails the request at once; D is never dispat
   t.equal((await post(`${url}/v1/completions`, { ...body, max_tokens: 2 })).status, 200)
 })
 
-t.test('a client that leaves between the legs: its lease is released to P at once', async (t) => {
+t.test('a client that leaves while D holds the request: its lease is abandoned to P, never released', async (t) => {
   const { url, app } = await router(t)
   const ac = new AbortController()
   const pending = request(`${url}/v1/completions`, {
@@ -105,25 +107,46 @@ t.test('a client that leaves between the legs: its lease is released to P at onc
   )
   // P answered and D holds the request: the lease went to D, which has not answered yet.
   t.ok(await waitFor(async () => (await get(`${url}/leases`, auth)).json<{ inFlight: { reading: number } }>().inFlight.reading === 1), 'lease being read')
-  const listed = (await get(`${url}/leases?instance=p0`, auth)).json<{ leases: { clientRequestId: string; remoteRequestId: string; decode: string }[] }>()
+  const listed = (await get(`${url}/leases?instance=p0`, auth)).json<{ leases: { clientRequestId: string; decode: string }[] }>()
   t.match(listed.leases, [{ clientRequestId: 'leaving-1', decode: 'd0' }])
-  const remote = listed.leases[0]?.remoteRequestId
   ac.abort()
   t.equal(await pending, 'AbortError')
   t.ok(
-    await waitFor(async () => (await app.events.store.since(0)).some((e) => e.type === 'lease_release')),
-    'a lease_release was logged',
+    await waitFor(async () => (await get(`${url}/leases`, auth)).json<{ abandoned: Record<string, number> }>().abandoned.client_gone === 1),
+    'the lease is abandoned',
   )
-  const [ev] = (await app.events.store.since(0)).filter((e) => e.type === 'lease_release')
-  t.match(ev, { type: 'lease_release', prefillEngineId: 'eng-p0', requestIds: [remote], reason: 'client_gone' })
-  const delivery = (await get(`${url}/fault_tolerance/events/${ev?.seq}`, auth)).json()
-  t.match(delivery, { type: 'lease_release', expected: ['agent-p0'] }, "for P's agent only")
-  const summary = (await get(`${url}/leases`, auth)).json<{ inFlight: { issued: number }; released: Record<string, number> }>()
-  t.same(summary.inFlight, { issued: 0, reading: 0 })
-  t.same(summary.released, { client_gone: 1 })
+  await app.events.settled()
+  t.same(
+    (await app.events.store.since(0)).filter((e) => e.type === 'lease_release'),
+    [],
+    'no lease_release: D may be reading, so only D (its read-done) or P (expiry) ends it',
+  )
+  const summary = (await get(`${url}/leases?instance=p0`, auth)).json<{ inFlight: { reading: number }; released: Record<string, number>; leases: { abandonedAt?: number; reason?: string }[] }>()
+  t.same(summary.inFlight, { issued: 0, reading: 1 }, 'still counted unread (a drain of P waits for it)')
+  t.same(summary.released, {})
+  t.match(summary.leases, [{ abandonedAt: Number, reason: 'client_gone' }])
 })
 
-t.test('a decoder deregistered while it holds an unread lease: the lease is released', async (t) => {
+t.test('a decoder that refused the connection never got the params: the lease is released to P at once', async (t) => {
+  const dead = await freePort()
+  const r = await startRouter(
+    t,
+    [
+      { id: 'p0', role: 'prefill', url: p.url },
+      { id: 'd-dead', role: 'decode', url: `http://127.0.0.1:${dead}` },
+    ],
+    { adminToken: ADMIN, leases: leases(), probe: false },
+  )
+  t.equal((await post(`${r.url}/v1/agents`, { agentId: 'agent-p0', engineId: 'eng-p0', role: 'prefill', agentUrl: 'http://127.0.0.1:1', engineUrl: p.url })).status, 200)
+  const res = await post(`${r.url}/v1/completions`, body)
+  t.equal(res.status, 503)
+  t.equal(res.json<{ error: { code: string } }>().error.code, 'RTR_ERR_UPSTREAM_UNAVAILABLE')
+  await r.app.events.settled()
+  t.match((await r.app.events.store.since(0)).filter((e) => e.type === 'lease_release'), [{ prefillEngineId: 'eng-p0', reason: 'decode_failed' }])
+  t.same((await get(`${r.url}/leases`, auth)).json<{ released: Record<string, number> }>().released, { decode_failed: 1 })
+})
+
+t.test('a decoder deregistered while it holds a request being read: the lease stays P\'s, D answers with its own KV', async (t) => {
   const { url, app } = await router(t)
   const pending = post(`${url}/v1/completions`, { ...body, max_tokens: 12 })
   t.ok(await waitFor(async () => (await get(`${url}/leases`, auth)).json<{ byDecode: Record<string, number> }>().byDecode.d0 === 1))
@@ -131,8 +154,11 @@ t.test('a decoder deregistered while it holds an unread lease: the lease is rele
   t.equal(del.statusCode, 200)
   await del.body.dump()
   await app.events.settled()
-  t.match((await app.events.store.since(0)).filter((e) => e.type === 'lease_release'), [{ reason: 'decoder_gone', prefillEngineId: 'eng-p0' }])
-  // D itself still answers the request it had (the router only stopped sending it work).
-  t.equal((await pending).status, 200)
-  t.same((await get(`${url}/leases`, auth)).json<{ released: Record<string, number> }>().released, { decoder_gone: 1 })
+  t.same((await app.events.store.since(0)).filter((e) => e.type === 'lease_release'), [], 'removing a decoder releases nothing')
+  const res = await pending
+  t.equal(res.status, 200, 'the request D was reading finishes')
+  t.equal(res.json<{ choices: { text: string }[] }>().choices[0]?.text, oracleForBody('/v1/completions', { ...body, max_tokens: 12 }))
+  const summary = (await get(`${url}/leases`, auth)).json<{ released: Record<string, number>; inFlight: { reading: number } }>()
+  t.same(summary.released, {})
+  t.same(summary.inFlight, { issued: 0, reading: 0 }, 'D answered: the read is done')
 })

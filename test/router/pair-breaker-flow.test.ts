@@ -59,7 +59,9 @@ t.test('streamed: a KV load that fails after the 200 (an error event) counts aga
   t.match(metrics, /handoff_router_pair_breaker_opens_total 1/)
   t.match(metrics, /handoff_router_requests_total\{mode="pd",outcome="engine_error_event"\} 2/, 'counted as failed, not ok')
   t.match(metrics, /handoff_router_requests_total\{mode="pd",outcome="ok"\} 22/)
-  t.match(metrics, /handoff_router_leases_released_total\{reason="decode_failed"\} 2/, "the failed loads' leases went back to P")
+  // D was sent the params: only D's word or P's expiry ends those leases, never the router (issue 17).
+  t.match(metrics, /handoff_router_leases_abandoned_total\{reason="decode_failed"\} 2/, "the failed loads' leases are left to P")
+  t.notMatch(metrics, /handoff_router_leases_released_total\{/, 'and none was released')
   const ready = (await get(`${url}/ready`)).json<{ instances: { id: string; healthy: boolean }[] }>()
   t.ok(ready.instances.every((i) => i.healthy), 'no engine was marked unhealthy')
 })

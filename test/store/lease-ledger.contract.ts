@@ -91,7 +91,7 @@ export function leaseLedgerContract(t: Test, harness: LeaseLedgerHarness): void 
     t.same(released, [{ ids: [l.requestId], reason: 'lapsed' }], "P's agent is told at once")
     t.notOk(ledger.lapsed(l.requestId), 'asked again: it is over, not lapsed twice')
     const s = await ledger.summary({ instance: 'p0' })
-    t.same(s.lapsed, { beforeDispatch: 1, unread: 0 })
+    t.same(s.lapsed, { beforeDispatch: 1, unread: 0, afterDispatch: 0 })
     t.same(s.released, { lapsed: 1 })
     t.same(s.leases, [])
     t.notOk(ledger.lapsed('unknown'), 'an unknown request id is not lapsed')
@@ -104,12 +104,14 @@ export function leaseLedgerContract(t: Test, harness: LeaseLedgerHarness): void 
     const b = lease({ remoteRequestId: undefined })
     const c = lease()
     for (const l of [a, b, c]) ledger.issue(l)
+    // b's decoder refused the connection: it never got the params.
     ledger.reading(b.requestId)
-    ledger.release(a.requestId, 'client_gone')
-    ledger.release(a.requestId, 'router_error')
-    ledger.release(b.requestId, 'decode_failed')
-    ledger.release(c.requestId, 'router_gone')
-    ledger.release('unknown', 'client_gone')
+    ledger.refused(b.requestId)
+    t.equal(ledger.release(a.requestId, 'client_gone'), 'released')
+    t.equal(ledger.release(a.requestId, 'router_error'), undefined, 'a second release is a no-op')
+    t.equal(ledger.release(b.requestId, 'decode_failed'), 'released')
+    t.equal(ledger.release(c.requestId, 'router_gone'), 'released')
+    t.equal(ledger.release('unknown', 'client_gone'), undefined)
     t.same(released, [
       { ids: [a.requestId], reason: 'client_gone' },
       { ids: [b.requestId], reason: 'decode_failed' },
@@ -121,26 +123,67 @@ export function leaseLedgerContract(t: Test, harness: LeaseLedgerHarness): void 
     t.match(text, /reason="decode_failed"\} 1/)
   })
 
-  t.test('a decoder that is gone: its unread leases (issued or reading) are released, others kept', async (t) => {
-    const { ledger, lease, released } = await setup(t, harness)
+  t.test('a lease handed to D is never released by the router: it is abandoned to P until P surely freed it', async (t) => {
+    const { clock, ledger, lease, released, registry } = await setup(t, harness)
+    const ended: LeaseRecord[] = []
+    ledger.onEnded((l) => ended.push(l))
     const a = lease({ decode: 'd0' })
     const b = lease({ decode: 'd0' })
     const c = lease({ decode: 'd1' })
-    const done = lease({ decode: 'd0' })
-    const other = lease({ decode: 'd2' })
-    for (const l of [a, b, c, done, other]) ledger.issue(l)
-    ledger.reading(b.requestId)
-    ledger.done(done.requestId)
-    // A refused connection moves c's params to d0: it is d0's lease now.
-    ledger.redirect(c.requestId, 'd0')
-    t.same((await ledger.summary()).byDecode, { d0: 3, d2: 1 })
-    t.equal(ledger.releaseDecoder('d0', 'decoder_gone'), 3)
-    t.same(released, [{ ids: [a.requestId, b.requestId, c.requestId], reason: 'decoder_gone' }], 'one call for the batch')
-    t.equal(ledger.releaseDecoder('d0', 'decoder_gone'), 0)
-    t.equal(ledger.releaseDecoder('d9', 'decoder_gone'), 0)
-    ledger.redirect('unknown', 'd1')
-    t.equal(await ledger.unreadBy('p0'), 1, 'the lease on d2 is kept')
-    t.same((await ledger.summary()).byDecode, { d2: 1 })
+    for (const l of [a, b, c]) ledger.issue(l)
+    for (const l of [a, b, c]) ledger.reading(l.requestId)
+    clock.advance(10_000)
+    // The client left, D's leg failed, the exchange broke: D may still be reading each one.
+    t.equal(ledger.release(a.requestId, 'client_gone'), 'abandoned')
+    t.equal(ledger.release(b.requestId, 'decode_failed'), 'abandoned')
+    t.equal(ledger.release(b.requestId, 'router_error'), 'abandoned', 'again: still abandoned, counted once')
+    t.same(released, [], "P's agent is told nothing: its lease (and D's heartbeats) decide")
+    t.same(ended, [])
+    let s = await ledger.summary({ instance: 'd0' })
+    t.same(s.inFlight, { issued: 0, reading: 2 }, 'both still count as unread')
+    t.same(s.abandoned, { client_gone: 1, decode_failed: 1 })
+    t.match(s.leases, [
+      { requestId: a.requestId, state: 'reading', abandonedAt: a.issuedAt + 10_000, reason: 'client_gone', expiresAt: a.issuedAt + 40_000 },
+      { requestId: b.requestId, state: 'reading', abandonedAt: b.issuedAt + 10_000, reason: 'decode_failed' },
+    ])
+    t.equal(await ledger.unreadBy('p0'), 3, 'a drain of P waits for them')
+    // Calls after the abandonment change nothing: only time ends it now.
+    ledger.reading(a.requestId)
+    ledger.refused(a.requestId)
+    t.equal(ledger.release(a.requestId, 'client_gone'), 'abandoned')
+    // One lease after the abandonment (past the original expiry too) P's lease is surely over.
+    clock.advance(29_999)
+    t.equal(await ledger.unreadBy('p0'), 3)
+    clock.advance(1)
+    t.equal(await ledger.unreadBy('p0'), 1, 'only c, still followed by its exchange, is left')
+    t.same(
+      ended.map((l) => [l.requestId, l.state, l.reason]),
+      [
+        [a.requestId, 'lapsed', 'client_gone'],
+        [b.requestId, 'lapsed', 'decode_failed'],
+      ],
+    )
+    t.same(released, [], 'never released')
+    s = await ledger.summary()
+    t.same(s.lapsed, { beforeDispatch: 0, unread: 0, afterDispatch: 2 })
+    t.same(s.released, {})
+    t.match(await metric(registry, 'handoff_router_leases_abandoned_total'), /reason="client_gone"\} 1/)
+    t.match(await metric(registry, 'handoff_router_leases_lapsed_total'), /when="after_dispatch"\} 2/)
+    // c's decoder answered after all: done, as ever.
+    ledger.done(c.requestId)
+    t.equal(await ledger.unreadBy('p0'), 0)
+  })
+
+  t.test('an abandoned lease of a long-lived issue keeps its original expiry when that is later', async (t) => {
+    const { clock, ledger, lease } = await setup(t, harness, { leaseSeconds: 30 })
+    const a = lease()
+    ledger.issue(a)
+    ledger.reading(a.requestId)
+    // Abandoned at once: P's original expiry (30 s) and one lease from now (30 s) agree.
+    ledger.release(a.requestId, 'client_gone')
+    t.match((await ledger.summary({ instance: 'p0' })).leases, [{ expiresAt: a.issuedAt + 30_000 }])
+    clock.advance(30_000)
+    t.equal(await ledger.unreadBy('p0'), 0)
   })
 
   t.test('an issued lease past its expiry lapses by itself (counted, listeners told, P not told); one being read does not', async (t) => {
@@ -164,14 +207,15 @@ export function leaseLedgerContract(t: Test, harness: LeaseLedgerHarness): void 
     t.same(released, [], 'its blocks were freed by P itself')
     t.match(await metric(registry, 'handoff_router_leases{'), /handoff_router_leases\{state="issued"\} 1\nhandoff_router_leases\{state="reading"\} 1/)
     clock.advance(60_000)
-    t.same((await ledger.summary()).lapsed, { beforeDispatch: 0, unread: 2 })
+    t.same((await ledger.summary()).lapsed, { beforeDispatch: 0, unread: 2, afterDispatch: 0 })
     // D's heartbeats extend a lease being read on P: it stays until D's first byte.
     t.equal(await ledger.unreadBy('p0'), 1)
     ledger.done(c.requestId)
     t.match(await metric(registry, 'handoff_router_leases{'), /handoff_router_leases\{state="reading"\} 0/)
     off()
-    ledger.issue(lease())
-    ledger.releaseDecoder('d0', 'decoder_gone')
+    const last = lease()
+    ledger.issue(last)
+    ledger.release(last.requestId, 'client_gone')
     t.equal(ended.length, 3, 'an unsubscribed listener hears nothing more')
   })
 

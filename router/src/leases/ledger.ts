@@ -7,6 +7,23 @@
  * for several routers on one Redis. `untrackedLedger` records nothing (tests of the request
  * path that do not care). Every call on the request path is synchronous; only the questions
  * about all routers' leases (`unreadBy`, `summary`) are async, since a shared ledger asks Redis.
+ *
+ * Who may end a lease early (DESIGN "Who may end a lease early", issue 17). A lease the
+ * router handed to D ends early only on D's own word, never on the router's inference (D
+ * marked down, removed, drained, its HTTP leg failed, timed out or was aborted because the
+ * client left): D may still be reading, P would reuse the blocks under the READ (the
+ * simulator, like vLLM, reuses freed blocks at once), and D's own lease check only models
+ * expiry, so it would decode another request's KV. Hence:
+ * - `release` ends a lease only while it is `issued` (never dispatched, or D refused the
+ *   connection: `refused`), and tells P's agent to free the blocks now;
+ * - on a lease being read it *abandons* it instead: the router stops following it and counts
+ *   it unread until P's lease surely ended (one lease past the abandonment, since D's last
+ *   heartbeat extends P's lease by less than that), then it lapses;
+ * - nothing else ends a dispatched lease early; the ledger has no "release this decoder's
+ *   leases" call at all.
+ * `issue` and `reading` run in one synchronous turn on the request path, so a mirror of the
+ * ledger (the Redis one) never shows `issued` for a lease D was sent: a surviving replica may
+ * release a dead one's `issued` leases (reap) without that race.
  */
 export interface HandoffLease {
   /** The handoff's engine request id (fresh per handoff, sent to P and D). */
@@ -23,17 +40,16 @@ export interface HandoffLease {
 }
 
 /**
- * Why the router released a lease before D read it: the client left, the decode leg failed
- * (or D refused the parameters), a bug ended the exchange, the decoder is gone (down, drained,
- * removed), the lease was too close to expiry to dispatch (`lapsed`), or the router replica
- * that proxied the request died before D was sent the parameters (`router_gone`, from a
- * surviving replica's `RedisLeaseLedger.reap`).
+ * Why the router released (or abandoned) a lease before D read it: the client left, the
+ * decode leg failed, a bug ended the exchange, the lease was too close to expiry to dispatch
+ * (`lapsed`), or the router replica that proxied the request died before D was sent the
+ * parameters (`router_gone`, from a surviving replica's `RedisLeaseLedger.reap`).
  */
-export type LeaseEndReason = 'client_gone' | 'decode_failed' | 'router_error' | 'decoder_gone' | 'lapsed' | 'router_gone'
+export type LeaseEndReason = 'client_gone' | 'decode_failed' | 'router_error' | 'lapsed' | 'router_gone'
 
 /**
- * `issued` → `reading` → `done`, or `released` (by the router) or `lapsed` (its time ran out
- * before it was dispatched to a decoder).
+ * `issued` → `reading` → `done`, or `released` (by the router, only while issued) or `lapsed`
+ * (its time ran out: before it was dispatched, or after it was abandoned).
  */
 export type LeaseState = 'issued' | 'reading' | 'done' | 'released' | 'lapsed'
 
@@ -43,6 +59,11 @@ export interface LeaseRecord extends HandoffLease {
   expiresAt: number
   /** When it left issued/reading (wall ms). */
   endedAt?: number
+  /**
+   * Being read, when its exchange ended without D's first byte (wall ms): the router no
+   * longer follows it; `expiresAt` was moved to when P's lease surely ended.
+   */
+  abandonedAt?: number
   reason?: LeaseEndReason
 }
 
@@ -53,9 +74,14 @@ export interface LeaseSummary {
   byDecode: Record<string, number>
   /** Age of the oldest unread lease, ms; null when none. */
   oldestAgeMs: number | null
-  /** Lifetime totals (not filtered by instance). */
-  lapsed: { beforeDispatch: number; unread: number }
+  /**
+   * Lifetime totals (not filtered by instance): lapsed before dispatch (caught before the
+   * decode leg), unread (issued, never dispatched) and after dispatch (abandoned, then P's
+   * lease surely over); released by the router, and abandoned, by reason.
+   */
+  lapsed: { beforeDispatch: number; unread: number; afterDispatch: number }
   released: Partial<Record<LeaseEndReason, number>>
+  abandoned: Partial<Record<LeaseEndReason, number>>
   /** Entries held (unread and ended ones kept for retention). */
   entries: number
   /** With an instance filter: its unread leases, oldest first (at most 100). */
@@ -79,12 +105,16 @@ export interface LeaseLedger {
   lapsed(requestId: string): boolean
   /** The decode leg is being sent: D is about to read (and its heartbeats keep the lease). */
   reading(requestId: string): void
+  /** D refused the connection: it never got the params, so the lease is `issued` again. */
+  refused(requestId: string): void
   /** D produced its first byte: the read is done. */
   done(requestId: string): void
-  /** The handoff ended without a read; P's blocks should be released. */
-  release(requestId: string, reason: LeaseEndReason): void
-  /** Releases every unread lease whose decoder is `decode` (it is gone); returns how many. */
-  releaseDecoder(decode: string, reason: LeaseEndReason): number
+  /**
+   * The handoff ended without a read. An `issued` lease is released (P's agent is told to
+   * free the blocks); one being read is abandoned, left to P (see the header). Says which,
+   * or undefined for a lease not unread here.
+   */
+  release(requestId: string, reason: LeaseEndReason): 'released' | 'abandoned' | undefined
   /**
    * Unread leases (issued and not past expiry, or reading) whose prefiller is `prefill`, on
    * every router. A shared ledger that cannot tell rejects (`RTR_ERR_STORE_UNAVAILABLE`)
@@ -102,10 +132,19 @@ export const untrackedLedger: LeaseLedger = Object.freeze({
   redirect: () => {},
   lapsed: () => false,
   reading: () => {},
+  refused: () => {},
   done: () => {},
-  release: () => {},
-  releaseDecoder: () => 0,
+  release: () => undefined,
   unreadBy: async () => 0,
-  summary: async () => ({ inFlight: { issued: 0, reading: 0 }, byPrefill: {}, byDecode: {}, oldestAgeMs: null, lapsed: { beforeDispatch: 0, unread: 0 }, released: {}, entries: 0 }),
+  summary: async () => ({
+    inFlight: { issued: 0, reading: 0 },
+    byPrefill: {},
+    byDecode: {},
+    oldestAgeMs: null,
+    lapsed: { beforeDispatch: 0, unread: 0, afterDispatch: 0 },
+    released: {},
+    abandoned: {},
+    entries: 0,
+  }),
   onEnded: () => () => {},
 })

@@ -29,11 +29,14 @@ export interface MemoryLeaseLedgerOptions {
 /**
  * The lease ledger in this process's memory. Leases not yet dispatched to a decoder are kept
  * in issue order, which is also expiry order (one lease duration for all), so expired ones
- * are swept from the front; ended ones in end order, pruned from the front after
- * `retentionMs`. A lease being read never lapses here: D's heartbeats extend it on P
- * (protocol reference §1, item 3) until D's first byte or a release ends it. Both sweeps run lazily
- * on each call, so nothing needs a timer and a ManualClock drives it all in tests. Every
- * operation is O(1) amortised, except `releaseDecoder` (the decoder's leases) and `summary`.
+ * are swept from the front; abandoned ones (below) in abandon order, which is their expiry
+ * order too; ended ones in end order, pruned from the front after `retentionMs`. A lease
+ * being read does not lapse here while its exchange runs: D's heartbeats extend it on P
+ * (protocol reference §1, item 3) until D's first byte. When the exchange ends without that
+ * byte, the lease is abandoned, never released (ledger.ts, "who may end a lease early"): it
+ * stays unread until P's lease surely ended. The sweeps run lazily on each call, so nothing
+ * needs a timer and a ManualClock drives it all in tests. Every operation is O(1) amortised,
+ * except `summary`.
  */
 export class MemoryLeaseLedger implements LeaseLedger {
   readonly #o: MemoryLeaseLedgerOptions
@@ -42,13 +45,14 @@ export class MemoryLeaseLedger implements LeaseLedger {
   readonly #live = new Map<string, LeaseRecord>()
   /** The issued ones among them (not yet dispatched to D), in issue order. */
   readonly #issued = new Map<string, LeaseRecord>()
+  /** The abandoned ones among them (dispatched, the exchange over without D's first byte), in abandon order. */
+  readonly #abandoned = new Map<string, LeaseRecord>()
   /** Ended leases, in end order. */
   readonly #ended = new Map<string, LeaseRecord>()
   readonly #byPrefill = new Map<string, Set<string>>()
-  readonly #byDecode = new Map<string, Set<string>>()
   readonly #listeners = new Set<(lease: LeaseRecord) => void>()
   readonly #metrics: LeaseMetrics | undefined
-  readonly #totals = { lapsedBeforeDispatch: 0, lapsedUnread: 0, released: {} as Partial<Record<LeaseEndReason, number>> }
+  readonly #totals = { lapsedBeforeDispatch: 0, lapsedUnread: 0, lapsedAfterDispatch: 0, released: {} as Partial<Record<LeaseEndReason, number>>, abandoned: {} as Partial<Record<LeaseEndReason, number>> }
 
   constructor(opts: MemoryLeaseLedgerOptions) {
     if (!(opts.leaseSeconds > 0)) throw new RangeError(`leaseSeconds must be > 0, got ${opts.leaseSeconds}`)
@@ -73,7 +77,6 @@ export class MemoryLeaseLedger implements LeaseLedger {
     this.#live.set(rec.requestId, rec)
     this.#issued.set(rec.requestId, rec)
     index(this.#byPrefill, rec.prefill, rec.requestId)
-    index(this.#byDecode, rec.decode, rec.requestId)
     this.#metrics?.issued.inc()
     this.#o.onUnread?.('set', rec)
   }
@@ -81,9 +84,7 @@ export class MemoryLeaseLedger implements LeaseLedger {
   redirect(requestId: string, decode: string): void {
     const rec = this.#live.get(requestId)
     if (!rec || rec.decode === decode) return
-    unindex(this.#byDecode, rec.decode, requestId)
     rec.decode = decode
-    index(this.#byDecode, decode, requestId)
     this.#o.onUnread?.('set', rec)
   }
 
@@ -101,9 +102,19 @@ export class MemoryLeaseLedger implements LeaseLedger {
 
   reading(requestId: string): void {
     const rec = this.#live.get(requestId)
-    if (!rec) return
+    if (!rec || rec.abandonedAt !== undefined) return
     rec.state = 'reading'
     this.#issued.delete(requestId)
+    this.#o.onUnread?.('set', rec)
+  }
+
+  refused(requestId: string): void {
+    const rec = this.#live.get(requestId)
+    if (!rec || rec.state !== 'reading' || rec.abandonedAt !== undefined) return
+    rec.state = 'issued'
+    // Out of issue order by the time of the call, so the sweep may reach it a little late;
+    // `lapsed` reads the record itself, and the caller re-dispatches or releases it at once.
+    this.#issued.set(requestId, rec)
     this.#o.onUnread?.('set', rec)
   }
 
@@ -112,26 +123,27 @@ export class MemoryLeaseLedger implements LeaseLedger {
     if (rec) this.#end(rec, 'done')
   }
 
-  release(requestId: string, reason: LeaseEndReason): void {
+  release(requestId: string, reason: LeaseEndReason): 'released' | 'abandoned' | undefined {
     const rec = this.#live.get(requestId)
-    if (!rec) return
-    this.#end(rec, 'released', reason)
-    this.#o.onRelease?.([rec], reason)
-  }
-
-  releaseDecoder(decode: string, reason: LeaseEndReason): number {
-    this.#sweep()
-    const ids = this.#byDecode.get(decode)
-    if (!ids) return 0
-    const released: LeaseRecord[] = []
-    for (const id of [...ids]) {
-      const rec = this.#live.get(id)
-      if (!rec) continue
+    if (!rec) return undefined
+    if (rec.state === 'issued') {
       this.#end(rec, 'released', reason)
-      released.push(rec)
+      this.#o.onRelease?.([rec], reason)
+      return 'released'
     }
-    if (released.length > 0) this.#o.onRelease?.(released, reason)
-    return released.length
+    // Dispatched: D may be reading. P's lease (and D's heartbeats) decide; after the last
+    // heartbeat P holds it at most one lease longer, so it counts as unread until then.
+    if (rec.abandonedAt === undefined) {
+      const now = this.#o.clock.now()
+      rec.abandonedAt = now
+      rec.reason = reason
+      rec.expiresAt = Math.max(rec.expiresAt, now + this.#leaseMs)
+      this.#abandoned.set(requestId, rec)
+      this.#totals.abandoned[reason] = (this.#totals.abandoned[reason] ?? 0) + 1
+      this.#metrics?.abandoned.inc({ reason })
+      this.#o.onUnread?.('set', rec)
+    }
+    return 'abandoned'
   }
 
   async unreadBy(prefill: string): Promise<number> {
@@ -144,8 +156,9 @@ export class MemoryLeaseLedger implements LeaseLedger {
     const { leases, ...unread } = tallyUnread(this.#live.values(), this.#o.clock.now(), filter)
     return {
       ...unread,
-      lapsed: { beforeDispatch: this.#totals.lapsedBeforeDispatch, unread: this.#totals.lapsedUnread },
+      lapsed: { beforeDispatch: this.#totals.lapsedBeforeDispatch, unread: this.#totals.lapsedUnread, afterDispatch: this.#totals.lapsedAfterDispatch },
       released: { ...this.#totals.released },
+      abandoned: { ...this.#totals.abandoned },
       entries: this.size,
       ...(filter.instance !== undefined ? { leases } : {}),
     }
@@ -170,8 +183,8 @@ export class MemoryLeaseLedger implements LeaseLedger {
   #end(rec: LeaseRecord, state: 'done' | 'released' | 'lapsed', reason?: LeaseEndReason): void {
     this.#live.delete(rec.requestId)
     this.#issued.delete(rec.requestId)
+    this.#abandoned.delete(rec.requestId)
     unindex(this.#byPrefill, rec.prefill, rec.requestId)
-    unindex(this.#byDecode, rec.decode, rec.requestId)
     rec.state = state
     rec.endedAt = this.#o.clock.now()
     if (reason) {
@@ -186,7 +199,10 @@ export class MemoryLeaseLedger implements LeaseLedger {
     for (const l of this.#listeners) l(rec)
   }
 
-  /** Issued leases past expiry lapse (P's own timer freed the blocks); old ended ones go. */
+  /**
+   * Issued leases past expiry lapse (P's own timer freed the blocks), and so do abandoned
+   * ones past theirs (keeping the reason they were abandoned for); old ended ones go.
+   */
   #sweep(): void {
     const now = this.#o.clock.now()
     for (const rec of this.#issued.values()) {
@@ -194,6 +210,12 @@ export class MemoryLeaseLedger implements LeaseLedger {
       this.#totals.lapsedUnread++
       this.#metrics?.lapsed.inc({ when: 'unread' })
       this.#end(rec, 'lapsed')
+    }
+    for (const rec of this.#abandoned.values()) {
+      if (rec.expiresAt > now) break
+      this.#totals.lapsedAfterDispatch++
+      this.#metrics?.lapsed.inc({ when: 'after_dispatch' })
+      this.#end(rec, 'lapsed', rec.reason)
     }
     for (const rec of this.#ended.values()) {
       if ((rec.endedAt ?? 0) + this.#o.retentionMs > now) break
@@ -219,9 +241,9 @@ export class MemoryLeaseLedger implements LeaseLedger {
     if (this.#live.has(rec.requestId)) this.#o.onUnread?.('delete', rec)
     this.#live.delete(rec.requestId)
     this.#issued.delete(rec.requestId)
+    this.#abandoned.delete(rec.requestId)
     this.#ended.delete(rec.requestId)
     unindex(this.#byPrefill, rec.prefill, rec.requestId)
-    unindex(this.#byDecode, rec.decode, rec.requestId)
   }
 }
 

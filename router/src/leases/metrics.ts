@@ -29,9 +29,15 @@ export function createLeaseMetrics(registry: Registry<RegistryContentType>, inFl
       labelNames: ['reason'] as const,
       registers,
     }),
+    abandoned: new Counter({
+      name: 'handoff_router_leases_abandoned_total',
+      help: "Leases being read whose exchange ended without D's first byte, by reason: never released early (D may still read), counted unread until P's lease surely ended",
+      labelNames: ['reason'] as const,
+      registers,
+    }),
     lapsed: new Counter({
       name: 'handoff_router_leases_lapsed_total',
-      help: 'Leases whose time ran out: before_dispatch (caught before the decode leg; re-prefilled or failed), unread (expired while issued or reading)',
+      help: "Leases whose time ran out: before_dispatch (caught before the decode leg; re-prefilled or failed), unread (expired while issued), after_dispatch (abandoned, then P's lease surely over)",
       labelNames: ['when'] as const,
       registers,
     }),

@@ -6,9 +6,13 @@ export type UnreadTally = Pick<LeaseSummary, 'inFlight' | 'byPrefill' | 'byDecod
 /** GET /leases lists at most this many unread leases of an instance. */
 export const UNREAD_LISTED = 100
 
-/** Unread at `now`: being read (D's heartbeats hold it), or issued and not past expiry. */
+/**
+ * Unread at `now`: being read (D's heartbeats hold it) and followed by its exchange, or
+ * issued or abandoned and not past expiry.
+ */
 export function isUnread(rec: LeaseRecord, now: number): boolean {
-  return rec.state === 'reading' || (rec.state === 'issued' && rec.expiresAt > now)
+  if (rec.state === 'reading' && rec.abandonedAt === undefined) return true
+  return (rec.state === 'issued' || rec.state === 'reading') && rec.expiresAt > now
 }
 
 /**

@@ -19,12 +19,14 @@ export interface ExchangeDeps {
   clock: Clock
 }
 
-type LeaseState = 'none' | 'issued' | 'reading' | 'done' | 'released'
+type LeaseState = 'none' | 'issued' | 'reading' | 'done' | 'ended'
 
 /**
  * One prompt's handoff inside an exchange: its own engine request id (fresh, so a client
  * retry that reuses its X-Request-Id never collides inside an engine) and its lease. The ledger
- * is told each transition here and nowhere else.
+ * is told each transition here and nowhere else. `issued` means D has not been sent the
+ * params (or refused the connection); from `reading` on, only D's first byte ends the lease
+ * here: a settle without it leaves the lease to P (ledger.ts, "who may end a lease early").
  */
 export class Handoff {
   readonly engineRequestId: string
@@ -53,9 +55,9 @@ export class Handoff {
     })
   }
 
-  /** The params went to another decoder after the first refused the connection. */
+  /** The params go to another decoder after the first refused the connection. */
   redirect(decode: string): void {
-    if (this.#lease === 'issued' || this.#lease === 'reading') this.#ex.deps.ledger.redirect(this.engineRequestId, decode)
+    if (this.#lease === 'issued') this.#ex.deps.ledger.redirect(this.engineRequestId, decode)
   }
 
   /**
@@ -63,8 +65,8 @@ export class Handoff {
    * A lapsed lease is over (the ledger released it to P); the caller re-prefills or fails.
    */
   lapsed(): boolean {
-    if ((this.#lease !== 'issued' && this.#lease !== 'reading') || !this.#ex.deps.ledger.lapsed(this.engineRequestId)) return false
-    this.#lease = 'released'
+    if (this.#lease !== 'issued' || !this.#ex.deps.ledger.lapsed(this.engineRequestId)) return false
+    this.#lease = 'ended'
     return true
   }
 
@@ -73,6 +75,13 @@ export class Handoff {
     if (this.#lease !== 'issued') return
     this.#lease = 'reading'
     this.#ex.deps.ledger.reading(this.engineRequestId)
+  }
+
+  /** D refused the connection: it never saw the params, so the lease is undispatched again. */
+  refused(): void {
+    if (this.#lease !== 'reading') return
+    this.#lease = 'issued'
+    this.#ex.deps.ledger.refused(this.engineRequestId)
   }
 
   /** D's answer began (its first frame, or a whole non-streamed answer): the read is done. */
@@ -86,10 +95,13 @@ export class Handoff {
     this.#failedLeg = 'decode'
   }
 
-  /** At settle: a lease still unread is released, so P's blocks are not stranded until expiry. */
+  /**
+   * At settle: a lease still unread ends here. Never dispatched: released, so P's blocks are
+   * not stranded until expiry. Dispatched: abandoned to P, never released (D may be reading).
+   */
   end(outcome: Outcome): void {
     if (this.#lease !== 'issued' && this.#lease !== 'reading') return
-    this.#lease = 'released'
+    this.#lease = 'ended'
     const reason: LeaseEndReason = outcome === 'client_gone' ? 'client_gone' : this.#failedLeg === 'decode' ? 'decode_failed' : 'router_error'
     this.#ex.deps.ledger.release(this.engineRequestId, reason)
   }

@@ -142,13 +142,19 @@ export class HandoffRunner {
       answer = await this.#d.upstream.send(c)
     } catch (err) {
       // D refused the connection: it never saw P's params, so another decoder may use them.
-      const other = err instanceof LegFailure && err.retryable ? this.#otherDecoder(ex, route, body.model as string, d) : undefined
+      const refused = err instanceof LegFailure && err.retryable
+      if (refused) h.refused()
+      const other = refused ? this.#otherDecoder(ex, route, body.model as string, d) : undefined
       if (!other) throw this.#decodeFailed(h, err)
       ex.release(d.id)
       if (h.lapsed()) throw new RTR_ERR_LEASE_LAPSED(`handoff ${h.engineRequestId}: ${d.id} refused the connection and the lease ran out`)
       h.redirect(other.id)
       c = call(other)
-      answer = await this.#d.upstream.send(c).catch((e: unknown) => Promise.reject(this.#decodeFailed(h, e)))
+      h.reading()
+      answer = await this.#d.upstream.send(c).catch((e: unknown) => {
+        if (e instanceof LegFailure && e.retryable) h.refused()
+        return Promise.reject(this.#decodeFailed(h, e))
+      })
     }
     return { kind: 'upstream', handoff: h, call: c, answer }
   }

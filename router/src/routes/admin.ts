@@ -78,6 +78,8 @@ const leaseRecord = {
     state: { type: 'string' },
     issuedAt: { type: 'number' },
     expiresAt: { type: 'number' },
+    abandonedAt: { type: 'number' },
+    reason: { type: 'string' },
   },
   required: ['requestId', 'prefill', 'decode', 'engineId', 'state', 'issuedAt', 'expiresAt'],
 } as const
@@ -88,13 +90,18 @@ const leaseSummary = {
     byPrefill: counts,
     byDecode: counts,
     oldestAgeMs: { type: ['number', 'null'] },
-    lapsed: { type: 'object', properties: { beforeDispatch: { type: 'integer' }, unread: { type: 'integer' } }, required: ['beforeDispatch', 'unread'] },
+    lapsed: {
+      type: 'object',
+      properties: { beforeDispatch: { type: 'integer' }, unread: { type: 'integer' }, afterDispatch: { type: 'integer' } },
+      required: ['beforeDispatch', 'unread', 'afterDispatch'],
+    },
     released: counts,
+    abandoned: counts,
     entries: { type: 'integer' },
     leases: { type: 'array', items: leaseRecord },
     partial: { type: 'boolean' },
   },
-  required: ['inFlight', 'byPrefill', 'byDecode', 'oldestAgeMs', 'lapsed', 'released', 'entries'],
+  required: ['inFlight', 'byPrefill', 'byDecode', 'oldestAgeMs', 'lapsed', 'released', 'abandoned', 'entries'],
 } as const
 
 export const adminRoutes: FastifyPluginAsync<AdminRoutesOptions> = async (app, opts) => {

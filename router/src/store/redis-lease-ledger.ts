@@ -107,12 +107,12 @@ export class RedisLeaseLedger implements LeaseLedger {
     this.#mem.done(requestId)
   }
 
-  release(requestId: string, reason: LeaseEndReason): void {
-    this.#mem.release(requestId, reason)
+  refused(requestId: string): void {
+    this.#mem.refused(requestId)
   }
 
-  releaseDecoder(decode: string, reason: LeaseEndReason): number {
-    return this.#mem.releaseDecoder(decode, reason)
+  release(requestId: string, reason: LeaseEndReason): 'released' | 'abandoned' | undefined {
+    return this.#mem.release(requestId, reason)
   }
 
   onEnded(listener: (lease: LeaseRecord) => void): () => void {

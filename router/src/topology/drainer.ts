@@ -54,8 +54,8 @@ interface Pending {
  * new (the registry's `draining`); it is drained once it has no request in flight and, as a
  * prefiller, no unread lease in the ledger: P's slot goes back as soon as P answered, while D
  * may still be about to read P's blocks. Then `peer_gone` for its engine_ids and it leaves
- * the topology. A decoder that goes down or leaves gets its unread leases released, so the
- * prefillers free those blocks now instead of at expiry. The unread count is the ledger's
+ * the topology. A decoder that goes down or leaves keeps its leases: out of routing is not
+ * gone, and D may still be reading (ledger.ts, "who may end a lease early"). The unread count is the ledger's
  * (every router's, with a shared one) and async: a check that cannot get it (Redis
  * unreachable) decides nothing and is tried again at the next poll.
  */
@@ -69,7 +69,6 @@ export class Drainer {
     this.#o = opts
     this.#unsubscribe = [
       opts.registry.subscribe((change) => {
-        if (change.type === 'down' || change.type === 'removed') opts.ledger.releaseDecoder(change.instanceId, 'decoder_gone')
         if (change.type === 'removed') this.#settle(change.instanceId)
         else if ((change.type === 'released' || change.type === 'drained') && this.#pending.has(change.instanceId)) this.#later(change.instanceId)
       }),

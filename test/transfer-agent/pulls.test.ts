@@ -48,6 +48,8 @@ function harness(t: Test, opts: Partial<PullerOptions> & { autoRead?: boolean } 
   const clock = new ManualClock({ monotonic: 100_000 })
   const heartbeats = new HeartbeatRegistry({ clock })
   let handshakes = 0
+  // P's NIXL agent: the same metadata at every handshake until `restartPeer()`.
+  let epoch = 1
   const releases: PeerRelease[] = []
   const forgets: string[] = []
   const peers = new PeerTable({
@@ -56,7 +58,7 @@ function harness(t: Test, opts: Partial<PullerOptions> & { autoRead?: boolean } 
       handshakes++
       const answer: HandshakeResult = {
         engineId: expected,
-        metadata: Buffer.from(`md:${expected}:${handshakes}`),
+        metadata: Buffer.from(`md:${expected}:${epoch}`),
         clock: sample,
         region: { addr: 4096n, len: NUM_BLOCKS * BLOCK_BYTES, blockBytes: BLOCK_BYTES, numBlocks: NUM_BLOCKS },
       }
@@ -90,6 +92,7 @@ function harness(t: Test, opts: Partial<PullerOptions> & { autoRead?: boolean } 
     },
   }
   const quiesced: { requestId: string; blockIds: readonly number[] }[] = []
+  const gaveUp: string[] = []
   const reports: PullReport[] = []
   const { autoRead: _ignored, ...rest } = opts
   const puller = new Puller({
@@ -102,6 +105,7 @@ function harness(t: Test, opts: Partial<PullerOptions> & { autoRead?: boolean } 
     readTimeoutMs: 1_000,
     checkDeadlines: true,
     onQuiesced: (requestId, blockIds) => quiesced.push({ requestId, blockIds: [...blockIds] }),
+    onGaveUp: (engineId, remoteRequestId) => gaveUp.push(`${engineId}/${remoteRequestId}`),
     onSettled: (r) => reports.push(r),
     ...rest,
   })
@@ -155,6 +159,7 @@ function harness(t: Test, opts: Partial<PullerOptions> & { autoRead?: boolean } 
     puller,
     reads,
     quiesced,
+    gaveUp,
     reports,
     releases,
     forgets,
@@ -165,6 +170,7 @@ function harness(t: Test, opts: Partial<PullerOptions> & { autoRead?: boolean } 
     clean,
     handshakes: () => handshakes,
     prepares: () => prepares,
+    restartPeer: () => epoch++,
   }
 }
 
@@ -536,7 +542,25 @@ t.test('every failed pull calls onQuiesced exactly once', async (t) => {
   const counts = new Map<string, number>()
   for (const q of h.quiesced) counts.set(q.requestId, (counts.get(q.requestId) ?? 0) + 1)
   t.same([...counts.entries()].sort(), failures.map((_, i) => [`d-${i + 1}`, 1]).sort(), 'one event per failed pull')
+  // D's word to P, once each pull is quiescent; the invalid one was refused before it started.
+  t.same([...h.gaveUp].sort(), ['p0/r-1', 'p0/r-2', 'p0/r-3', 'p0/r-4'], 'each accepted pull told P it is done, once')
   t.equal(h.puller.taintedBlocks, 0)
+  h.clean()
+})
+
+t.test('a tainted pull tells P it is done only once its READ is quiescent', async (t) => {
+  const h = harness(t)
+  const quiet = deferred<void>()
+  const p = await h.started(h.request())
+  await h.finish(p, natError('NAT_ERR_XFER_TAINTED', { ranges: [], quiesced: quiet.promise }))
+  t.match(p.failure, { tainted: true })
+  t.same(h.gaveUp, [], 'the READ may still read P’s blocks: P is told nothing yet')
+  quiet.resolve()
+  await flush()
+  t.same(h.gaveUp, ['p0/r-1'])
+  const ok = await h.started(h.request({ requestId: 'd-2', remoteRequestId: 'r-2' }))
+  await h.finish(ok, { bytes: 128, micros: 1 }, 1)
+  t.same(h.gaveUp, ['p0/r-1'], 'a pull that read sends only its READ’s own read-done')
   h.clean()
 })
 
@@ -554,34 +578,45 @@ t.test('a refused duplicate does not announce pull_quiesced under the id of the 
   t.same(h.quiesced, [], 'still none: the first pull is tainted')
 })
 
-t.test('a lease already past when its pull arrived drops the cached handshake, once per half lease (a stale clock reading)', async (t) => {
-  const h = harness(t, { autoRead: true })
-  const first = h.start(h.request())
-  await first.promise
-  t.ok(first.done)
+t.test('a lease already past when its pull arrived samples the clock again, once per half lease; READs in flight go on', async (t) => {
+  const h = harness(t)
+  const first = await h.started(h.request())
+  t.equal(h.reads.length, 1, 'a healthy READ is in flight (6 s of lease left)')
   t.equal(h.handshakes(), 1)
 
   const late = h.start(h.request({ requestId: 'd-2', remoteRequestId: 'r-2', leaseLeftMs: -1000 }))
   await late.promise
   t.match(late.failure, { error: { code: 'XFA_ERR_KV_EXPIRED' } })
   await flush()
-  t.match(h.releases, [{ engineId: 'p0', reason: 'stale_clock' }], 'the handshake whose clock made it look expired is dropped')
+  t.equal(h.handshakes(), 2, 'the clock was sampled again')
+  t.same(h.releases, [], 'the same NIXL agent answered: its handshake stays')
+  t.notOk(first.settled, 'the healthy READ was not canceled')
+  await h.finish(first, { bytes: 128, micros: 1 })
+  t.ok(first.done, 'and it succeeds')
 
   const again = h.start(h.request({ requestId: 'd-3', remoteRequestId: 'r-3', leaseLeftMs: -1000 }))
   await again.promise
   await flush()
-  t.equal(h.handshakes(), 2, 'the next pull sampled the clock again')
-  t.equal(h.releases.length, 1, 'a second late pull within half a lease keeps the new handshake')
+  t.equal(h.handshakes(), 2, 'a second late pull within half a lease samples nothing more')
 
   h.clock.advance(LEASE_MS)
   const inMargin = h.start(h.request({ requestId: 'd-4', remoteRequestId: 'r-4', leaseLeftMs: MARGIN - 1 }))
   await inMargin.promise
   await flush()
   t.match(inMargin.failure, { error: { code: 'XFA_ERR_KV_EXPIRED' } })
-  t.equal(h.releases.length, 1, 'a lease still alive on arrival says nothing about the clock')
+  t.equal(h.handshakes(), 2, 'a lease still alive on arrival says nothing about the clock')
 
-  const fresh = h.start(h.request({ requestId: 'd-5', remoteRequestId: 'r-5' }))
-  await fresh.promise
-  t.ok(fresh.done, 'pulls go on')
+  // P's agent restarted under the same engine_id (a new clock epoch, new metadata): the
+  // sample finds another NIXL agent, and only then is the handshake dropped.
+  h.restartPeer()
+  const stale = h.start(h.request({ requestId: 'd-5', remoteRequestId: 'r-5', leaseLeftMs: -1000 }))
+  await stale.promise
+  await flush()
+  await flush()
+  t.match(h.releases, [{ engineId: 'p0', reason: 'stale_clock' }], 'another agent answered: the old handshake is dropped')
+  const fresh = await h.started(h.request({ requestId: 'd-6', remoteRequestId: 'r-6' }))
+  await h.finish(fresh, { bytes: 128, micros: 1 }, 1)
+  t.ok(fresh.done, 'pulls go on, on the new handshake')
+  t.equal(h.handshakes(), 4)
   h.clean()
 })

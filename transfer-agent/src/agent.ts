@@ -95,6 +95,7 @@ export class TransferAgent {
         this.events.push({ type: 'pull_quiesced', requestId, blockIds: [...blockIds] })
         metrics.engineEventsPending.set(this.events.pending)
       },
+      onGaveUp: (engineId, remoteRequestId) => this.#gaveUp(engineId, remoteRequestId),
       onSettled: (r) => this.#settled(r),
     })
     this.#sender = new HeartbeatSender({
@@ -274,6 +275,24 @@ export class TransferAgent {
       return
     }
     log.warn({ requestId: r.requestId, peer: r.remoteEngineId, outcome: r.outcome, expired: r.expired, tainted: r.tainted, pullMs: r.pullMs }, 'pull failed')
+  }
+
+  /**
+   * A failed pull is quiescent: D's word to P that it is done with the blocks, as the
+   * read-done notification vLLM sends after a READ (`<P id>:<consumers>`), so P frees them
+   * now instead of at its lease's end. Only the decoder may end a lease it was handed early
+   * (DESIGN "Who may end a lease early"); a P that is gone or not loaded hears nothing.
+   */
+  #gaveUp(engineId: string, remoteRequestId: string): void {
+    const att = this.#attachment
+    if (!att?.nixl.peers().some((p) => p.engineId === engineId)) return
+    att.nixl.genNotif(engineId, `${remoteRequestId}:1`).then(
+      () => this.#d.metrics.gaveUp.inc({ outcome: 'ok' }),
+      (err: unknown) => {
+        this.#d.metrics.gaveUp.inc({ outcome: 'failed' })
+        this.#d.log.debug({ err, peer: engineId, remoteRequestId }, 'telling the prefiller a failed pull is over failed; its lease ends at expiry')
+      },
+    )
   }
 
   #notification(n: Notification): void {

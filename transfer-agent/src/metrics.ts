@@ -47,6 +47,12 @@ export function createAgentMetrics() {
       labelNames: ['outcome'] as const,
       registers,
     }),
+    gaveUp: new Counter({
+      name: 'handoff_agent_pull_gave_up_total',
+      help: 'Failed pulls, once quiescent, reported to their prefiller as done with its blocks (read-done), by outcome (ok, failed)',
+      labelNames: ['outcome'] as const,
+      registers,
+    }),
     heartbeatsReceived: new Counter({
       name: 'handoff_agent_heartbeats_received_total',
       help: 'Request ids in HB: messages received, by whether the lease was still held (extended, unknown)',

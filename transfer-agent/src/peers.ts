@@ -140,6 +140,8 @@ interface Generation {
   loaded: boolean
   dropped: { reason: PeerReleaseReason; error: XfaError } | undefined
   finalizing: boolean
+  /** A clock sample taken again beside this handshake (resampleClock), while it runs. */
+  resampling: Promise<boolean> | undefined
 }
 
 /**
@@ -233,6 +235,40 @@ export class PeerTable {
     return true
   }
 
+  /**
+   * Samples the clock of cached peer `engineId` again (a pull found P's deadline already
+   * past: its clock reading may no longer fit). The handshake stays cached and its READs go
+   * on: when the same NIXL agent answers, only the clock reading is replaced, for later
+   * acquires. When another one answers there (P's agent restarted under the same engine_id),
+   * the handshake is dropped as `stale_clock`, so the next acquire loads the new one. One
+   * sample per generation at a time; resolves whether the reading was replaced, never rejects.
+   */
+  resampleClock(engineId: string): Promise<boolean> {
+    const gen = this.#peers.get(engineId)
+    if (!gen || gen.state !== 'ready') return Promise.resolve(false)
+    gen.resampling ??= this.#resample(gen).finally(() => {
+      gen.resampling = undefined
+    })
+    return gen.resampling
+  }
+
+  async #resample(gen: Generation): Promise<boolean> {
+    let answer: HandshakeResult
+    try {
+      answer = await this.#handshake(gen.address, gen.engineId, gen.abort.signal)
+    } catch {
+      return false
+    }
+    const current = gen.answer
+    if (gen.dropped || !current) return false
+    if (answer.engineId !== gen.engineId || !answer.metadata.equals(current.metadata)) {
+      this.markDisconnected(gen.engineId, 'stale_clock')
+      return false
+    }
+    gen.answer = { ...current, clock: answer.clock }
+    return true
+  }
+
   /** Whether `engineId` was released and still fails fast (its tombstone has not expired). */
   isGone(engineId: string): boolean {
     const at = this.#tombstones.get(engineId)
@@ -282,6 +318,7 @@ export class PeerTable {
       loaded: false,
       dropped: undefined,
       finalizing: false,
+      resampling: undefined,
     }
     this.#peers.set(engineId, gen)
     void this.#run(gen).finally(() => {

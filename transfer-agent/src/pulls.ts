@@ -69,6 +69,12 @@ export interface PullerOptions {
   checkDeadlines: boolean
   /** Once per failed pull, when its destination blocks may be reused (after quiescence). */
   onQuiesced: (requestId: string, blockIds: readonly number[]) => void
+  /**
+   * Once per accepted pull that failed, once nothing of it can still read P's blocks: D's own
+   * word that it is done with them (the agent tells P, which frees them before its lease
+   * runs out). Never for a pull refused before it started (it may be a duplicate).
+   */
+  onGaveUp?: (remoteEngineId: string, remoteRequestId: string) => void
   /** Once per pull, when it settles (metrics, logs); must not throw. */
   onSettled?: (report: PullReport) => void
 }
@@ -101,7 +107,7 @@ export class Puller {
   /** P's region prepared once per handshake (keyed by that handshake's metadata buffer). */
   readonly #remoteLists = new WeakMap<Buffer, Promise<PreparedBlocks>>()
   #taintedBlocks = 0
-  /** When each peer's handshake was last dropped as a suspected stale clock (monotonic ms). */
+  /** When each peer's clock was last sampled again as suspect (monotonic ms). */
   readonly #clockSuspected = new Map<string, number>()
 
   constructor(opts: PullerOptions) {
@@ -188,9 +194,10 @@ export class Puller {
    * P's deadline was already past when this pull arrived. Either the pull waited somewhere
    * (a paused decoder, a slow router), or the clock reading of the cached handshake no longer
    * fits P: its agent restarted on another clock epoch (another host, a reboot) under the same
-   * engine_id, and every later lease would look expired too. Dropping the handshake makes the
-   * next pull sample the clock again; at most once per half lease per peer, so a burst of
-   * late pulls costs one handshake.
+   * engine_id, and every later lease would look expired too. The peer table samples the clock
+   * again beside the cached handshake, which stays: READs in flight on it are healthy and must
+   * not fail for one late pull (issue 17 item 2). At most once per half lease per peer, so a
+   * burst of late pulls costs one sample.
    */
   #suspectClock(peer: PeerLease): void {
     const now = this.#o.clock.monotonic()
@@ -198,7 +205,7 @@ export class Puller {
     const last = this.#clockSuspected.get(peer.engineId)
     if (last !== undefined && now - last < this.#o.leaseMs / 2) return
     this.#clockSuspected.set(peer.engineId, now)
-    peer.markDisconnected('stale_clock')
+    void this.#o.peers.resampleClock(peer.engineId)
   }
 
   /** The lease check; a decline throws XFA_ERR_KV_EXPIRED with the reason. */
@@ -251,11 +258,17 @@ export class Puller {
     }
   }
 
-  /** Any failure → the coded answer; taints and disconnects handled once here. */
+  /** An accepted pull's failure is quiescent: the engine may reuse its blocks, P may free its own. */
+  #quiesced(req: PullRequest, blocks: readonly number[]): void {
+    this.#o.onQuiesced(req.requestId, blocks)
+    this.#o.onGaveUp?.(req.remoteEngineId, req.remoteRequestId)
+  }
+
+  /** Any failure of an accepted pull → the coded answer; taints and disconnects handled once here. */
   #failure(err: unknown, req: PullRequest, peer: PeerLease | undefined): PullFailure {
     const blocks = [...req.localBlockIds]
     if (isXfaError(err)) {
-      this.#o.onQuiesced(req.requestId, blocks)
+      this.#quiesced(req, blocks)
       return failure(err, blocks, false)
     }
     const e = err as { code?: string; message?: string }
@@ -272,11 +285,11 @@ export class Puller {
       this.#taintedBlocks += blocks.length
       void err.quiesced.then(() => {
         this.#taintedBlocks -= blocks.length
-        this.#o.onQuiesced(req.requestId, blocks)
+        this.#quiesced(req, blocks)
       })
       return failure(error, blocks, true)
     }
-    this.#o.onQuiesced(req.requestId, blocks)
+    this.#quiesced(req, blocks)
     return failure(error, blocks, false)
   }
 }

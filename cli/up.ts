@@ -268,6 +268,8 @@ export async function main(argv: string[]): Promise<void> {
       HANDOFF_INSTANCES: JSON.stringify(instances),
       ...(values['admin-token'] ? { HANDOFF_ADMIN_TOKEN: values['admin-token'] } : {}),
       ...(storeUrl ? { HANDOFF_STORE: storeUrl } : {}),
+      // One lease length everywhere: the router's ledger judges the engines' leases.
+      ...(values['lease-seconds'] ? { HANDOFF_LEASE_SECONDS: values['lease-seconds'] } : {}),
     }
     const started = await Promise.all(ports.map((p) => start({ args: ['router', '--host', host, '--port', p], env })))
     // stdout carries exactly one line, for scripts; the instance list and the other routers go to stderr.

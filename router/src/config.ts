@@ -9,12 +9,12 @@ import { RTR_ERR_CONFIG } from './errors.js'
  *
  * Env: HANDOFF_HOST, HANDOFF_PORT, HANDOFF_LOG_LEVEL, HANDOFF_API_KEYS (comma-separated),
  * HANDOFF_ADMIN_TOKEN, HANDOFF_AGENT_TOKEN, HANDOFF_UPSTREAM_API_KEY, HANDOFF_INSTANCES (JSON array),
- * HANDOFF_STORE (`memory` or a redis:// URL).
+ * HANDOFF_STORE (`memory` or a redis:// URL), HANDOFF_LEASE_SECONDS (leases.leaseSeconds).
  */
 export interface ConfigSources {
   file?: string
   env?: NodeJS.ProcessEnv
-  overrides?: Partial<Pick<RouterConfig, 'host' | 'port' | 'logLevel'>> & { store?: string }
+  overrides?: Partial<Pick<RouterConfig, 'host' | 'port' | 'logLevel'>> & { store?: string; leaseSeconds?: number }
 }
 
 function readFile(file: string): Record<string, unknown> {
@@ -46,6 +46,7 @@ function fromEnv(env: NodeJS.ProcessEnv): Record<string, unknown> {
   if (env.HANDOFF_AGENT_TOKEN) out.agentToken = env.HANDOFF_AGENT_TOKEN
   if (env.HANDOFF_UPSTREAM_API_KEY) out.upstreamApiKey = env.HANDOFF_UPSTREAM_API_KEY
   if (env.HANDOFF_STORE) out.store = storeFrom(env.HANDOFF_STORE)
+  if (env.HANDOFF_LEASE_SECONDS) out.leaseSeconds = Number(env.HANDOFF_LEASE_SECONDS)
   if (env.HANDOFF_INSTANCES) {
     try {
       out.instances = JSON.parse(env.HANDOFF_INSTANCES)
@@ -72,9 +73,9 @@ function deepFreeze<T>(value: T): T {
 }
 
 export function loadConfig(sources: ConfigSources = {}): RouterConfig {
-  const { store, ...overrides } = sources.overrides ?? {}
+  const { store, leaseSeconds, ...overrides } = sources.overrides ?? {}
   const file = sources.file ? readFile(sources.file) : {}
-  const env = fromEnv(sources.env ?? {})
+  const { leaseSeconds: envLease, ...env } = fromEnv(sources.env ?? {})
   const raw: Record<string, unknown> = {
     ...file,
     ...env,
@@ -83,6 +84,9 @@ export function loadConfig(sources: ConfigSources = {}): RouterConfig {
   // The shorthand keeps the file's other store settings (prefix, TTLs).
   const shorthand = store !== undefined ? storeFrom(store) : (env.store as Record<string, unknown> | undefined)
   if (shorthand) raw.store = { ...((file.store as Record<string, unknown> | undefined) ?? {}), ...shorthand }
+  // The engines' lease, given where the engines' is (handoff up): the file's other lease settings stay.
+  const lease = leaseSeconds ?? envLease
+  if (lease !== undefined) raw.leases = { ...((file.leases as Record<string, unknown> | undefined) ?? {}), leaseSeconds: lease }
   const validate = createAjv().getSchema('RouterConfig')
   if (!validate) throw new RTR_ERR_CONFIG('RouterConfig schema missing')
   if (!validate(raw)) throw new RTR_ERR_CONFIG(describeErrors(validate.errors))

@@ -5,12 +5,15 @@ import { buildApp } from './app.js'
 import { loadConfig } from './config.js'
 
 const HELP = `usage: handoff router [--config FILE] [--host HOST] [--port PORT] [--log-level LEVEL]
-                      [--store memory|redis://HOST:PORT]
+                      [--store memory|redis://HOST:PORT] [--lease-seconds S]
 
 Runs the router: the OpenAI-compatible front door for a P/D cluster.
 The config file is JSON (schema: schemas/json/RouterConfig.json); env overrides:
 HANDOFF_HOST, HANDOFF_PORT, HANDOFF_LOG_LEVEL, HANDOFF_API_KEYS, HANDOFF_ADMIN_TOKEN,
-HANDOFF_UPSTREAM_API_KEY, HANDOFF_INSTANCES (JSON array of instances), HANDOFF_STORE.
+HANDOFF_UPSTREAM_API_KEY, HANDOFF_INSTANCES (JSON array of instances), HANDOFF_STORE,
+HANDOFF_LEASE_SECONDS.
+--lease-seconds S  the engines' KV lease (leases.leaseSeconds; vLLM's kv_lease_duration):
+                   it must equal the engines' own, or the router hands D freed blocks
 --store redis://…  several routers on one Redis share events, topology and leases
                    (docs/several-routers.md); memory (default) is this process alone.
 `
@@ -25,6 +28,7 @@ export async function main(argv: string[]): Promise<void> {
       port: { type: 'string' },
       'log-level': { type: 'string' },
       store: { type: 'string' },
+      'lease-seconds': { type: 'string' },
       help: { type: 'boolean', short: 'h' },
     },
   })
@@ -40,6 +44,7 @@ export async function main(argv: string[]): Promise<void> {
       ...(values.port !== undefined ? { port: Number(values.port) } : {}),
       ...(values['log-level'] ? { logLevel: values['log-level'] as never } : {}),
       ...(values.store ? { store: values.store } : {}),
+      ...(values['lease-seconds'] !== undefined ? { leaseSeconds: Number(values['lease-seconds']) } : {}),
     },
   })
   const app = await buildApp({ config })

@@ -47,6 +47,19 @@ t.test(`handoff up --kv ${mode.kv}${mode.children === 5 ? ' (NIXL here)' : ''} s
 })
 }
 
+t.test('handoff up --lease-seconds: one lease length for engines, agents and the router', async (t) => {
+  const { proc: up, url } = await startUp(t, ['--prefill', '1', '--decode', '1', '--port', '0', '--kv', 'none', '--lease-seconds', '7', '--admin-token', 'admin-token-up-1'])
+  t.ok(url, 'ready')
+  if (!url) return
+  const leases = (await get(`${url}/leases`, { authorization: 'Bearer admin-token-up-1' })).json<{ leaseSeconds: number }>()
+  t.equal(leases.leaseSeconds, 7, "the router's ledger judges leases of the engines' length")
+  const sims = childPids(up.pid).map(args).filter((a) => / sim /.test(a))
+  t.equal(sims.length, 2)
+  t.ok(sims.every((a) => /--lease-seconds 7/.test(a)), 'and so do the simulators')
+  up.kill('SIGTERM')
+  await once(up, 'exit')
+})
+
 t.test('handoff up rejects bad flags clearly', async (t) => {
   const run = spawn(process.execPath, [cliEntry, 'up', '--decode', '0'], { stdio: ['ignore', 'pipe', 'pipe'] })
   let err = ''

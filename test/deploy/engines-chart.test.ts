@@ -125,7 +125,11 @@ t.test('engine pods in the Helm chart and the examples, against a real API serve
       if (!tpl) continue
       const vllm = tpl.spec.containers.find((c) => c.name === 'vllm')
       t.match(vllm, { command: ['vllm', 'serve'], readinessProbe: { httpGet: { path: '/health', port: 'http' } } }, `${role}: vLLM, ready on /health`)
-      t.ok(vllm?.args?.includes('{"kv_connector":"NixlConnector","kv_role":"kv_both"}'), `${role}: the NixlConnector`)
+      t.equal(
+        flag(vllm?.args ?? [], '--kv-transfer-config'),
+        '{"kv_connector":"NixlConnector","kv_connector_extra_config":{"kv_lease_duration":30},"kv_role":"kv_both"}',
+        `${role}: the NixlConnector, its kv_lease_duration from engines.leaseSeconds`,
+      )
       const cmd = preStop(vllm)
       t.same(cmd.slice(0, 2), ['python3', '/etc/handoff-drain/prestop-drain.py'], `${role}: the preStop runs the drain script`)
       t.equal(flag(cmd, '--router-url'), `http://r-handoff-admin.${ns}.svc:8000`, `${role}: through the -admin Service`)
@@ -218,5 +222,25 @@ t.test('engine pods in the Helm chart and the examples, against a real API serve
     t.match(await fails(['--set', 'discovery.prefill=null']), /engines\.prefill\.enabled needs discovery\.prefill/)
     t.equal(await fails(['--set', 'discovery.enabled=false', '--set', 'engines.decode.port=8100']), '', 'without discovery the ports are the operator’s business')
     t.equal(await fails([...AGENT, '--set', 'engines.drain.routerUrls={http://a:8000,http://b:8000}']), '', 'several router URLs render')
+    // One lease length (issue 17 item 3): a router judging longer leases than the engines hold
+    // would hand decoders freed blocks.
+    t.match(await fails(['--set', 'router.config.leases.leaseSeconds=60']), /router\.config\.leases\.leaseSeconds \(60\) must equal engines\.leaseSeconds \(30\)/)
+    t.match(
+      await fails(['--set', 'engines.kvTransferConfig.kv_connector_extra_config.kv_lease_duration=10']),
+      /kv_lease_duration \(10\) must equal engines\.leaseSeconds \(30\)/,
+    )
+    t.match(await fails(['--set', 'engines.prefill.args={--kv-transfer-config,x}']), /engines\.prefill\.args must not carry --kv-transfer-config/)
+    t.equal(await fails(['--set', 'router.config.leases.leaseSeconds=30']), '', 'the same value renders')
+  })
+
+  t.test('engines.leaseSeconds reaches the engines, the agents and the router', async (t) => {
+    const { stdout } = await kube.helm(['template', 'r', chart, ...ENGINES, ...AGENT, '--set', 'engines.leaseSeconds=12', '--set', 'router.config.leases.marginMs=500'])
+    const docs = stdout.split(/^---$/m)
+    const routerJson = /router\.json: \|-?\n((?: {4}.*\n?)+)/.exec(docs.find((d) => /kind: ConfigMap/.test(d) && /router\.json/.test(d)) ?? '')?.[1] ?? '{}'
+    const leases = (JSON.parse(routerJson.replace(/^ {4}/gm, '')) as { leases: Record<string, unknown> }).leases
+    t.same(leases, { leaseSeconds: 12, marginMs: 500 }, "the router's ledger judges 12 s leases; its other lease settings stay")
+    const prefill = docs.find((d) => /name: r-handoff-prefill\n/.test(d)) ?? ''
+    t.match(prefill, /kv_lease_duration\\":12/, "vLLM's kv_lease_duration")
+    t.match(prefill, /- --lease-seconds\n\s+- "12"/, "the agent's --lease-seconds")
   })
 })

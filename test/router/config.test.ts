@@ -67,6 +67,17 @@ t.test('the example deployment config is valid', async (t) => {
   t.equal(c.pairing.mode, 'label')
 })
 
+t.test('leases.leaseSeconds: from the file, HANDOFF_LEASE_SECONDS or --lease-seconds, keeping the file\'s other lease settings', async (t) => {
+  t.equal(loadConfig().leases.leaseSeconds, 30)
+  const f = file(JSON.stringify({ leases: { leaseSeconds: 20, marginMs: 500 } }))
+  t.same([loadConfig({ file: f }).leases.leaseSeconds, loadConfig({ file: f }).leases.marginMs], [20, 500])
+  const fromEnv = loadConfig({ file: f, env: { HANDOFF_LEASE_SECONDS: '5' } })
+  t.same([fromEnv.leases.leaseSeconds, fromEnv.leases.marginMs, fromEnv.leases.onLapsed], [5, 500, 'reprefill'])
+  t.equal(loadConfig({ file: f, env: { HANDOFF_LEASE_SECONDS: '5' }, overrides: { leaseSeconds: 7 } }).leases.leaseSeconds, 7, 'the flag wins')
+  t.throws(() => loadConfig({ env: { HANDOFF_LEASE_SECONDS: 'soon' } }), { code: 'RTR_ERR_CONFIG', message: /leaseSeconds/ })
+  t.throws(() => loadConfig({ overrides: { leaseSeconds: 1 } }), { code: 'RTR_ERR_CONFIG', message: /marginMs \(1000\) must be below the lease/ })
+})
+
 t.test('store: memory by default; a redis:// URL from env or --store keeps the file\'s other store settings', async (t) => {
   t.same(loadConfig().store, { kind: 'memory', prefix: 'handoff:', memberTtlMs: 3000, commandTimeoutMs: 1000 })
   const f = file(JSON.stringify({ store: { kind: 'memory', prefix: 'fleet-a:' } }))

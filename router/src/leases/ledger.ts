@@ -84,6 +84,8 @@ export interface LeaseSummary {
   abandoned: Partial<Record<LeaseEndReason, number>>
   /** Entries held (unread and ended ones kept for retention). */
   entries: number
+  /** The engines' lease this ledger judges by (leases.leaseSeconds): check it equals theirs. */
+  leaseSeconds: number
   /** With an instance filter: its unread leases, oldest first (at most 100). */
   leases?: LeaseRecord[]
   /**
@@ -145,6 +147,7 @@ export const untrackedLedger: LeaseLedger = Object.freeze({
     released: {},
     abandoned: {},
     entries: 0,
+    leaseSeconds: 0,
   }),
   onEnded: () => () => {},
 })

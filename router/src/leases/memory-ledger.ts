@@ -160,6 +160,7 @@ export class MemoryLeaseLedger implements LeaseLedger {
       released: { ...this.#totals.released },
       abandoned: { ...this.#totals.abandoned },
       entries: this.size,
+      leaseSeconds: this.#o.leaseSeconds,
       ...(filter.instance !== undefined ? { leases } : {}),
     }
   }

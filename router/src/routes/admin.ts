@@ -98,10 +98,11 @@ const leaseSummary = {
     released: counts,
     abandoned: counts,
     entries: { type: 'integer' },
+    leaseSeconds: { type: 'number' },
     leases: { type: 'array', items: leaseRecord },
     partial: { type: 'boolean' },
   },
-  required: ['inFlight', 'byPrefill', 'byDecode', 'oldestAgeMs', 'lapsed', 'released', 'abandoned', 'entries'],
+  required: ['inFlight', 'byPrefill', 'byDecode', 'oldestAgeMs', 'lapsed', 'released', 'abandoned', 'entries', 'leaseSeconds'],
 } as const
 
 export const adminRoutes: FastifyPluginAsync<AdminRoutesOptions> = async (app, opts) => {

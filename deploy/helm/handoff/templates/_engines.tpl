@@ -53,6 +53,9 @@ Only equality terms of the selector (k=v, k==v) are checked.
 {{- end }}
 {{- end }}
 {{- end }}
+{{- if has "--kv-transfer-config" (default (list) $e.args) }}
+{{- fail (printf "engines.%s.args must not carry --kv-transfer-config: the chart builds it from engines.kvTransferConfig, with kv_lease_duration = engines.leaseSeconds" $role) }}
+{{- end }}
 {{- if and $root.Values.engines.agent.enabled (not $root.Values.secrets.agentToken) (not $root.Values.secrets.existingSecret) }}
 {{- fail "engines.agent.enabled needs secrets.agentToken: the agent listens on the pod IP, so its API and the router's agent endpoints need the token" }}
 {{- end }}
@@ -64,4 +67,21 @@ helm.sh/chart: {{ printf "%s-%s" .root.Chart.Name .root.Chart.Version | replace 
 {{ include "handoff.engineSelectorLabels" . }}
 app.kubernetes.io/version: {{ .root.Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .root.Release.Service }}
+{{- end }}
+
+{{/*
+The engines' --kv-transfer-config (JSON): engines.kvTransferConfig with
+kv_connector_extra_config.kv_lease_duration set to engines.leaseSeconds, vLLM 0.32's lease
+(D heartbeats every lease/6). One lease length everywhere: the router's leases.leaseSeconds
+and the agents' --lease-seconds come from the same value (issue 17 item 3).
+*/}}
+{{- define "handoff.kvTransferConfig" -}}
+{{- $kv := deepCopy (default (dict) .Values.engines.kvTransferConfig) }}
+{{- $extra := deepCopy (default (dict) $kv.kv_connector_extra_config) }}
+{{- if and (hasKey $extra "kv_lease_duration") (ne (float64 $extra.kv_lease_duration) (float64 .Values.engines.leaseSeconds)) }}
+{{- fail (printf "engines.kvTransferConfig.kv_connector_extra_config.kv_lease_duration (%v) must equal engines.leaseSeconds (%v): set engines.leaseSeconds only" $extra.kv_lease_duration .Values.engines.leaseSeconds) }}
+{{- end }}
+{{- $_ := set $extra "kv_lease_duration" .Values.engines.leaseSeconds }}
+{{- $_ := set $kv "kv_connector_extra_config" $extra }}
+{{- toJson $kv }}
 {{- end }}

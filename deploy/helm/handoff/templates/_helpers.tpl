@@ -46,11 +46,19 @@ app.kubernetes.io/component: router
 {{- end }}
 
 {{/*
-The router's config file. Chart-owned keys (host, port, logLevel, shutdownGraceMs, discovery)
-win over router.config; secrets are not here (HANDOFF_* from the Secret).
+The router's config file. Chart-owned keys (host, port, logLevel, shutdownGraceMs, discovery,
+leases.leaseSeconds) win over router.config; secrets are not here (HANDOFF_* from the Secret).
+leases.leaseSeconds is engines.leaseSeconds: a router judging shorter leases than the engines
+hold is merely cautious, a longer one hands D blocks the prefiller already freed.
 */}}
 {{- define "handoff.routerConfig" -}}
 {{- $cfg := deepCopy (default (dict) .Values.router.config) }}
+{{- $leases := deepCopy (default (dict) $cfg.leases) }}
+{{- if and (hasKey $leases "leaseSeconds") (ne (float64 $leases.leaseSeconds) (float64 .Values.engines.leaseSeconds)) }}
+{{- fail (printf "router.config.leases.leaseSeconds (%v) must equal engines.leaseSeconds (%v): set engines.leaseSeconds only, the chart gives it to the router" $leases.leaseSeconds .Values.engines.leaseSeconds) }}
+{{- end }}
+{{- $_ := set $leases "leaseSeconds" .Values.engines.leaseSeconds }}
+{{- $_ := set $cfg "leases" $leases }}
 {{- $_ := set $cfg "host" "0.0.0.0" }}
 {{- $_ := set $cfg "port" (int .Values.router.port) }}
 {{- $_ := set $cfg "logLevel" .Values.router.logLevel }}

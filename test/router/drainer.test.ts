@@ -28,7 +28,7 @@ function setup() {
   const events = {
     peerGone: (target: PeerGoneTarget, reason: string) => {
       gone.push({ target, reason })
-      return { seq: gone.length, engineIds: [...(target.engineIds ?? [])], unknown: [], logged: true }
+      return { seq: gone.length, engineIds: [...(target.engineIds ?? [])], unknown: [], aliveSkipped: [], logged: true }
     },
     agents: { all: () => agents },
   }
@@ -156,7 +156,7 @@ t.test('a ledger that cannot count (a shared one, Redis away) and a peer_gone th
     peerGone: async () => {
       if (peerGoneFails) throw new Error('event store unavailable')
       gone.push({ target: {}, reason: 'async' })
-      return { seq: 7, engineIds: ['eng-p0'], unknown: [], logged: true }
+      return { seq: 7, engineIds: ['eng-p0'], unknown: [], aliveSkipped: [], logged: true }
     },
     agents: { all: () => [] },
   }

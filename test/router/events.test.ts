@@ -170,19 +170,19 @@ t.test('RouterEvents: ops peer_gone is idempotent; unknown targets are no-ops; a
   await events.registerAgent({ agentId: 'a-d', engineId: 'd-1', role: 'decode', agentUrl: 'http://127.0.0.1:2002' })
 
   const first = await events.peerGone({ engineIds: ['p-1'] }, 'ops')
-  t.same(first, { seq: 1, engineIds: ['p-1'], unknown: [], logged: true })
+  t.same(first, { seq: 1, engineIds: ['p-1'], unknown: [], aliveSkipped: [], logged: true })
   t.match((await events.store.since(0))[0], { engineIds: ['p-1'], addresses: ['127.0.0.1:2001'] }, "the agent's peer address goes with it")
   const repeat = await events.peerGone({ engineIds: ['p-1'] }, 'ops again')
-  t.same(repeat, { seq: 1, engineIds: ['p-1'], unknown: [], logged: false }, 'a repeat answers the earlier sequence and logs nothing')
+  t.same(repeat, { seq: 1, engineIds: ['p-1'], unknown: [], aliveSkipped: [], logged: false }, 'a repeat answers the earlier sequence and logs nothing')
   t.equal((await events.store.last()), 1)
 
   const unknown = await events.peerGone({ engineIds: ['nobody'], addresses: ['10.9.9.9:1'] }, 'ops')
-  t.same(unknown, { seq: null, engineIds: [], unknown: ['nobody', '10.9.9.9:1'], logged: false })
+  t.same(unknown, { seq: null, engineIds: [], unknown: ['nobody', '10.9.9.9:1'], aliveSkipped: [], logged: false })
   t.equal((await events.store.last()), 1, 'unknown targets log nothing')
 
   // By the agent's peer address, and by an instance's host:port (engine_id from its answers).
   const byAgent = await events.peerGone({ addresses: ['127.0.0.1:2002'] }, 'ops')
-  t.match(byAgent, { seq: 2, engineIds: ['d-1'], unknown: [], logged: true })
+  t.match(byAgent, { seq: 2, engineIds: ['d-1'], unknown: [], aliveSkipped: [], logged: true })
   registry.observeEngineId('d', 'd-1')
   await events.settled()
   t.match(await events.peerGone({ addresses: ['127.0.0.1:1002'] }, 'ops'), { seq: 2, engineIds: ['d-1'], logged: false }, 'the same engine by its instance address: a repeat')
@@ -192,6 +192,29 @@ t.test('RouterEvents: ops peer_gone is idempotent; unknown targets are no-ops; a
   registry.observeEngineId('p', 'p-x')
   await events.settled()
   t.match(await events.peerGone({ engineIds: ['p-x'] }, 'ops'), { seq: 3, logged: true })
+})
+
+t.test('RouterEvents: an address never resolves to an engine that is up and answering under its engine_id (issue 17 item 6)', async (t) => {
+  const { registry, events } = setup()
+  // P restarted at the same address: its new engine is up (probes pass) and known from its answers.
+  registry.observeEngineId('p', 'p-old')
+  registry.observeEngineId('p', 'p-new')
+  await events.settled()
+  t.match(await events.store.since(0), [{ type: 'peer_gone', engineIds: ['p-old'] }], 'the restart itself: the old id is gone')
+  registry.recordProbe('p', true)
+  // A late ops call names the address it saw the old incarnation at.
+  const late = await events.peerGone({ addresses: ['127.0.0.1:1001'] }, 'ops: late')
+  t.same(late, { seq: null, engineIds: [], unknown: [], aliveSkipped: ['p-new'], logged: false }, 'the live engine there is left alone, and said so')
+  t.equal(await events.store.last(), 1, 'nothing logged')
+  // An agent that holds a stream counts as answering too (its instance's probes aside).
+  await events.registerAgent({ agentId: 'a-d', engineId: 'd-1', role: 'decode', agentUrl: 'http://127.0.0.1:2002' })
+  events.agents.streamOpened('a-d')
+  t.match(await events.peerGone({ addresses: ['127.0.0.1:2002'] }, 'ops'), { seq: null, aliveSkipped: ['d-1'] })
+  events.agents.streamClosed('a-d')
+  t.match(await events.peerGone({ addresses: ['127.0.0.1:2002'] }, 'ops'), { seq: 2, engineIds: ['d-1'], aliveSkipped: [], logged: true }, 'no stream, no instance up: gone')
+  // Naming the engine_id forces it, up or not.
+  t.match(await events.peerGone({ engineIds: ['p-new'] }, 'ops: forced'), { seq: 3, engineIds: ['p-new'], logged: true })
+  t.match(await events.peerGone({ addresses: ['127.0.0.1:1001'] }, 'ops'), { seq: 3, engineIds: ['p-new'], aliveSkipped: [], logged: false }, 'once gone, the address is a repeat')
 })
 
 t.test('RouterEvents: lease_release goes to the prefiller engine_id owner only', async (t) => {

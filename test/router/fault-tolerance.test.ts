@@ -56,7 +56,7 @@ t.test('unknown engine → 202 listing it, seq null; a known one is logged, a re
   const { url } = await startRouter(t, instances, { probe: false, adminToken: ADMIN })
   let res = await post(`${url}/fault_tolerance/event`, { event_type: 'peer_gone', nodes: { engine_ids: ['ghost'], addresses: ['10.0.0.9:5555'] } }, admin)
   t.equal(res.status, 202)
-  t.same(res.json(), { seq: null, engine_ids: [], unknown: ['ghost', '10.0.0.9:5555'], logged: false })
+  t.same(res.json(), { seq: null, engine_ids: [], unknown: ['ghost', '10.0.0.9:5555'], alive_skipped: [], logged: false })
 
   for (const [agentId, engineId, port] of [
     ['a1', 'e1', 7001],
@@ -68,9 +68,9 @@ t.test('unknown engine → 202 listing it, seq null; a known one is logged, a re
   }
   res = await post(`${url}/fault_tolerance/event`, { event_type: 'peer_gone', nodes: { addresses: ['127.0.0.1:7001'] }, reason: 'node drained' }, admin)
   t.equal(res.status, 202)
-  t.same(res.json(), { seq: 1, engine_ids: ['e1'], unknown: [], logged: true })
+  t.same(res.json(), { seq: 1, engine_ids: ['e1'], unknown: [], alive_skipped: [], logged: true })
   res = await post(`${url}/fault_tolerance/event`, { event_type: 'peer_gone', nodes: { engine_ids: ['e1'] } }, admin)
-  t.same(res.json(), { seq: 1, engine_ids: ['e1'], unknown: [], logged: false }, 'a repeat: the same sequence, nothing logged')
+  t.same(res.json(), { seq: 1, engine_ids: ['e1'], unknown: [], alive_skipped: [], logged: false }, 'a repeat: the same sequence, nothing logged')
 
   res = await get(`${url}/fault_tolerance/events/1`, admin)
   t.equal(res.status, 200)

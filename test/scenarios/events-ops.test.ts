@@ -32,7 +32,7 @@ t.test('a. ops peer_gone: every agent applies it, the decoder fails fast, repeat
   res = await post(url, { event_type: 'peer_gone', nodes: { engine_ids: 'x' } }, admin)
   t.equal(res.status, 400, 'bad body: 400')
   res = await post(url, { event_type: 'peer_gone', nodes: { engine_ids: ['no-such-engine'] } }, admin)
-  t.same(res.json(), { seq: null, engine_ids: [], unknown: ['no-such-engine'], logged: false }, 'unknown engine: a no-op')
+  t.same(res.json(), { seq: null, engine_ids: [], unknown: ['no-such-engine'], alive_skipped: [], logged: false }, 'unknown engine: a no-op')
 
   res = await post(url, event, admin)
   t.equal(res.status, 202)
@@ -46,7 +46,7 @@ t.test('a. ops peer_gone: every agent applies it, the decoder fails fast, repeat
   t.equal(await metric(decode.agent.url, 'handoff_agent_router_connected'), 1)
 
   res = await post(url, event, admin)
-  t.same(res.json(), { seq, engine_ids: [p.engineId], unknown: [], logged: false }, 'a repeat: the same seq, nothing logged')
+  t.same(res.json(), { seq, engine_ids: [p.engineId], unknown: [], alive_skipped: [], logged: false }, 'a repeat: the same seq, nothing logged')
 
   // D's next pull naming P fails fast: the request fails with the agent's code in its message.
   const started = performance.now()

@@ -27,6 +27,11 @@ export interface PeerGoneResult {
   engineIds: string[]
   /** Named engine_ids and addresses that resolve to nothing the router knows (no-ops). */
   unknown: string[]
+  /**
+   * Engine_ids an address resolved to that are up and answering under that id (probes pass,
+   * or one of their agents holds a stream): left alone. Naming the engine_id forces it.
+   */
+  aliveSkipped: string[]
   /** Whether a new event was logged (false for a repeat or an unknown target). */
   logged: boolean
 }
@@ -206,11 +211,15 @@ export class RouterEvents {
   /**
    * `peer_gone` for engine_ids and addresses (an agent's peer address or an instance's
    * host:port). Engine_ids already gone are a no-op answered with the earlier sequence;
-   * unknown ones and addresses that resolve to nothing are no-ops.
+   * unknown ones and addresses that resolve to nothing are no-ops. An address names whatever
+   * incarnation was there when the caller looked, which may have restarted since: it never
+   * resolves to an engine that is up and answering with its engine_id (issue 17 item 6).
+   * Those are reported in `aliveSkipped`; naming the engine_id is the way to force one.
    */
   async peerGone(target: PeerGoneTarget, reason: string): Promise<PeerGoneResult> {
     const ids = new Set<string>()
     const unknown: string[] = []
+    const aliveSkipped: string[] = []
     const current = new Set(this.#registry.snapshot().instances.map((i) => i.engineId))
     for (const a of this.agents.all()) current.add(a.engineId)
     for (const id of target.engineIds ?? []) {
@@ -221,10 +230,23 @@ export class RouterEvents {
     for (const address of target.addresses ?? []) {
       const found = this.#resolve(address)
       if (found.length === 0) unknown.push(address)
-      else addresses.push(address)
-      for (const id of found) ids.add(id)
+      let any = false
+      for (const id of found) {
+        // Already declared gone: a repeat, whatever it says now.
+        if (ids.has(id) || (await this.store.isGone(id))) {
+          ids.add(id)
+          any = true
+        } else if (await this.#alive(id)) {
+          if (!aliveSkipped.includes(id)) aliveSkipped.push(id)
+        } else {
+          ids.add(id)
+          any = true
+        }
+      }
+      if (any) addresses.push(address)
     }
-    if (ids.size === 0) return { seq: null, engineIds: [], unknown, logged: false }
+    if (aliveSkipped.length > 0) this.#logger.warn({ aliveSkipped, addresses: target.addresses, reason }, 'peer_gone by address: engines up there now are left alone')
+    if (ids.size === 0) return { seq: null, engineIds: [], unknown, aliveSkipped, logged: false }
     const peerAddresses = new Set(addresses)
     for (const id of ids) for (const a of this.agents.byEngine(id)) peerAddresses.add(a.peerAddress)
     // Only engine_ids not gone yet are logged, checked in the same step across every router.
@@ -232,11 +254,18 @@ export class RouterEvents {
     const event = await this.store.appendPeerGone(input, this.agents.all().map((a) => a.agentId))
     if (!event) {
       const earlier = await this.store.lastPeerGone([...ids])
-      return { seq: earlier?.seq ?? (await this.store.last()), engineIds: [...ids], unknown, logged: false }
+      return { seq: earlier?.seq ?? (await this.store.last()), engineIds: [...ids], unknown, aliveSkipped, logged: false }
     }
     this.#logged(event)
     this.#logger.warn({ seq: event.seq, engineIds: event.engineIds, addresses: event.addresses, reason }, 'peer_gone')
-    return { seq: event.seq, engineIds: event.engineIds, unknown, logged: true }
+    return { seq: event.seq, engineIds: event.engineIds, unknown, aliveSkipped, logged: true }
+  }
+
+  /** Up and answering under `engineId`: an instance with it passes its probes, or an agent running it holds a stream. */
+  async #alive(engineId: string): Promise<boolean> {
+    if (this.#registry.snapshot().instances.some((i) => i.engineId === engineId && this.#registry.isUp(i.id))) return true
+    const agents = this.agents.byEngine(engineId)
+    return agents.length > 0 && (await this.#presence.anyOpen(agents.map((a) => a.agentId)))
   }
 
   /**

@@ -13,8 +13,8 @@ import type { RouterEvents } from '../events/router-events.js'
 const strings = { type: 'array', items: { type: 'string' } } as const
 const accepted = {
   type: 'object',
-  properties: { seq: { type: ['integer', 'null'] }, engine_ids: strings, unknown: strings, logged: { type: 'boolean' } },
-  required: ['seq', 'engine_ids', 'unknown', 'logged'],
+  properties: { seq: { type: ['integer', 'null'] }, engine_ids: strings, unknown: strings, alive_skipped: strings, logged: { type: 'boolean' } },
+  required: ['seq', 'engine_ids', 'unknown', 'alive_skipped', 'logged'],
 } as const
 const delivery = {
   type: 'object',
@@ -30,7 +30,7 @@ export const faultToleranceRoutes: FastifyPluginAsync<{ events: RouterEvents }> 
       { ...(nodes.engine_ids ? { engineIds: nodes.engine_ids } : {}), ...(nodes.addresses ? { addresses: nodes.addresses } : {}) },
       `ops: ${reason ?? 'no reason given'}`,
     )
-    return reply.code(202).send({ seq: result.seq, engine_ids: result.engineIds, unknown: result.unknown, logged: result.logged })
+    return reply.code(202).send({ seq: result.seq, engine_ids: result.engineIds, unknown: result.unknown, alive_skipped: result.aliveSkipped, logged: result.logged })
   })
 
   app.get<{ Params: { seq: string } }>(

@@ -301,7 +301,7 @@ export async function buildApp(deps: RouterDeps): Promise<FastifyInstance> {
           registry.add(cfg, 'kubernetes')
           if (deps.probe !== false) void prober.probe(cfg.id)
         },
-        drain: async (id) => drainer.drain(id),
+        drain: async (id, opts) => drainer.drain(id, opts),
         remove: async (id, reason) => drainer.remove(id, reason),
         onRemoved: (listener) =>
           registry.subscribe((change) => {

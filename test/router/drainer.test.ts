@@ -7,8 +7,8 @@ import { Drainer } from '../../router/src/topology/drainer.js'
 import { TopologyRegistry } from '../../router/src/topology/registry.js'
 
 // The drain rules on a hand-driven clock: a prefiller is drained when no request is in flight
-// on it and no lease it issued is unread; then peer_gone and it leaves the topology. A
-// decoder that goes down or leaves gets its unread leases released.
+// on it and no lease it issued is unread; then it leaves the topology, with peer_gone when its
+// engine is going away. A decoder that goes down or leaves keeps its leases (issue 17).
 
 function setup() {
   const clock = new ManualClock()
@@ -49,6 +49,28 @@ t.test('an idle instance drains at once: peer_gone for its engine_ids, then it i
   t.notOk(registry.has('p0'))
   await t.rejects(drainer.drain('p0'), { code: 'RTR_ERR_INSTANCE_NOT_FOUND' })
   t.same(await drainer.wait('p0', 10), { id: 'p0', drained: false, removed: true, inflight: 0, unreadLeases: 0 }, 'nothing pending: where it stands')
+})
+
+t.test('out of routing is not gone: a drain with peerGone false removes the instance without peer_gone; a later going-away drain adds it', async (t) => {
+  const { registry, drainer, gone } = setup()
+  registry.observeEngineId('p0', 'eng-p0')
+  const s = await drainer.drain('p0', { peerGone: false })
+  t.match(s, { drained: true, removed: true })
+  t.same(gone, [], 'no peer_gone: its engine may come back under the same engine_id')
+  t.notOk(registry.has('p0'))
+
+  registry.add({ id: 'p9', role: 'prefill', url: 'http://127.0.0.1:9009' })
+  registry.observeEngineId('p9', 'eng-p9')
+  registry.acquire('p9')
+  t.match(await drainer.drain('p9', { peerGone: false }), { drained: false })
+  // Not Ready first, then terminating: the pod is going away after all.
+  await drainer.drain('p9', { peerGone: true })
+  await drainer.drain('p9', { peerGone: false })
+  registry.release('p9')
+  await tick()
+  await tick()
+  t.notOk(registry.has('p9'))
+  t.same(gone.map((g) => g.target.engineIds), [['eng-p9']], 'once any drain call said it is going away, it ends with peer_gone')
 })
 
 t.test('a prefiller waits for its requests in flight, then for the leases it issued to be read', async (t) => {

@@ -3,8 +3,11 @@ import { ManualClock } from '../../common/clock.js'
 import { AgentDirectory } from '../../router/src/events/agent-directory.js'
 import { EventLog } from '../../router/src/events/event-log.js'
 import { RouterEvents } from '../../router/src/events/router-events.js'
+import { MemoryLeaseLedger } from '../../router/src/leases/memory-ledger.js'
 import { MemoryEventStore } from '../../router/src/store/event-store.js'
+import { Drainer } from '../../router/src/topology/drainer.js'
 import { TopologyRegistry } from '../../router/src/topology/registry.js'
+import { waitFor } from '../helpers/cluster.js'
 
 /*
  * Issue 9, the event log (DESIGN "Events: router → agents"): sequence order, bounded
@@ -215,6 +218,31 @@ t.test('RouterEvents: an address never resolves to an engine that is up and answ
   // Naming the engine_id forces it, up or not.
   t.match(await events.peerGone({ engineIds: ['p-new'] }, 'ops: forced'), { seq: 3, engineIds: ['p-new'], logged: true })
   t.match(await events.peerGone({ addresses: ['127.0.0.1:1001'] }, 'ops'), { seq: 3, engineIds: ['p-new'], aliveSkipped: [], logged: false }, 'once gone, the address is a repeat')
+})
+
+t.test('RouterEvents + Drainer: with IP reuse an old pod\'s retirement never names the new pod\'s engine (issue 17 item 6)', async (t) => {
+  const { clock, registry, events } = setup()
+  const ledger = new MemoryLeaseLedger({ clock, leaseSeconds: 30, marginMs: 1000, retentionMs: 1000, maxEntries: 100 })
+  const drainer = new Drainer({ registry, ledger, events, clock, logger: { info: () => {} }, pollMs: 100 })
+  t.teardown(() => drainer.close())
+  await events.registerAgent({ agentId: 'a-old', engineId: 'e-old', role: 'prefill', agentUrl: 'http://127.0.0.1:2001', engineUrl: 'http://127.0.0.1:1001' })
+  t.equal(events.agents.get('a-old')?.instanceId, 'p', 'the old pod’s agent is tied to its instance')
+  // The old pod terminates; a request holds it, so it drains for a while.
+  registry.acquire('p')
+  await drainer.drain('p')
+  // A new pod got the same IP: its agent registers (before its pod is Ready) for the same URL.
+  await events.registerAgent({ agentId: 'a-new', engineId: 'e-new', role: 'prefill', agentUrl: 'http://127.0.0.1:2003', engineUrl: 'http://127.0.0.1:1001' })
+  t.equal(events.agents.get('a-new')?.instanceId, undefined, 'not tied to the draining instance of the old pod')
+  registry.add({ id: 'p-new', role: 'prefill', url: 'http://127.0.0.1:1001' })
+  await new Promise((r) => setImmediate(r))
+  t.equal(events.agents.get('a-new')?.instanceId, 'p-new', 'adopted by the new pod’s instance when it joined')
+  t.equal(registry.snapshot().instances.find((i) => i.id === 'p-new')?.engineId, 'e-new')
+  registry.release('p')
+  t.ok(await waitFor(() => !registry.has('p'), 2000), 'the old pod is retired')
+  await events.settled()
+  const gone = (await events.store.since(0)).filter((e) => e.type === 'peer_gone')
+  t.match(gone, [{ engineIds: ['e-old'] }], 'peer_gone for the old engine only')
+  t.notOk(gone.some((e) => (e as { engineIds: string[] }).engineIds.includes('e-new')), 'never for the new pod’s engine')
 })
 
 t.test('RouterEvents: lease_release goes to the prefiller engine_id owner only', async (t) => {

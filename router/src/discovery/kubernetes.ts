@@ -18,8 +18,11 @@ export interface DiscoveryTarget {
   discovered?(id: string): boolean
   /** A discovered instance joins (source `kubernetes`), eligible at once. */
   add(cfg: InstanceConfig): unknown
-  /** No new work from now on; retired (peer_gone, removed) once nothing holds it. */
-  drain(id: string): unknown
+  /**
+   * No new work from now on; removed once nothing holds it, with peer_gone for its engine
+   * when `peerGone` (the pod is going away), without it when the pod is only not Ready.
+   */
+  drain(id: string, opts: { peerGone: boolean }): unknown
   /** Retire now: peer_gone for its engine_ids, then removed. */
   remove(id: string, reason: string): unknown
   /** `listener(id)` after any instance left the topology, whoever removed it; returns the unsubscribe. */
@@ -77,6 +80,8 @@ interface Tracked {
   role: InstanceRole
   url: string
   draining: boolean
+  /** The drain was told the pod is going away (terminating or deleted), not just not Ready. */
+  going: boolean
 }
 
 /**
@@ -91,7 +96,10 @@ interface Tracked {
  * Each change is reconciled from the informers' caches, level-triggered: a pod Ready with an
  * IP is an instance; one that stops being Ready, starts terminating or is deleted leaves
  * through the drain path; one replaced under the same name (new uid or IP) is retired at once
- * (its old engine is gone: peer_gone) before the new one joins.
+ * (its old engine is gone: peer_gone) before the new one joins. Out of routing is not gone:
+ * a pod that is only not Ready leaves without peer_gone, since it may be Ready again soon with
+ * the same engine, and agents would refuse that engine's blocks for their tombstone's life;
+ * terminating or deleted, its engine is going away, so the drain ends with peer_gone.
  *
  * A permission error on the first list or watch (RBAC) fails start-up with RTR_ERR_CONFIG:
  * a router that silently saw no pods would look healthy and route nothing.
@@ -163,11 +171,13 @@ export async function startKubernetesDiscovery(opts: StartKubernetesDiscoveryOpt
       } else if (want && want.role === t.role) {
         return // serving as before (a draining one joins again once it has left)
       } else {
-        if (!t.draining) {
+        const going = !pod || Boolean(pod.metadata?.deletionTimestamp)
+        if (!t.draining || (going && !t.going)) {
           t.draining = true
+          t.going = going
           const why = !pod ? 'deleted' : pod.metadata?.deletionTimestamp ? 'terminating' : 'not ready'
-          logger.info({ instance: t.id, reason: why }, 'kubernetes discovery: pod stopped serving; draining')
-          if (target.has(t.id)) await target.drain(t.id)
+          logger.info({ instance: t.id, reason: why }, going ? 'kubernetes discovery: pod going away; draining' : 'kubernetes discovery: pod not ready; out of routing until it is')
+          if (target.has(t.id)) await target.drain(t.id, { peerGone: going })
         }
         return
       }
@@ -177,13 +187,13 @@ export async function startKubernetesDiscovery(opts: StartKubernetesDiscoveryOpt
     if (target.has(id)) {
       if (target.discovered?.(id)) {
         // Another router sharing the store added it: follow it from here too.
-        tracked.set(name, { id, uid: want.uid, role: want.role, url: want.url, draining: false })
+        tracked.set(name, { id, uid: want.uid, role: want.role, url: want.url, draining: false, going: false })
         return
       }
       logger.warn({ instance: id }, 'kubernetes discovery: an instance with this id is already in the topology (static config?); pod ignored')
       return
     }
-    tracked.set(name, { id, uid: want.uid, role: want.role, url: want.url, draining: false })
+    tracked.set(name, { id, uid: want.uid, role: want.role, url: want.url, draining: false, going: false })
     logger.info({ instance: id, role: want.role, url: want.url, uid: want.uid }, 'kubernetes discovery: pod ready; instance added')
     await target.add({ id, role: want.role, url: want.url, labels: want.labels })
   }

@@ -99,6 +99,8 @@ export class RouterEvents {
       anyOpen: async (ids) => ids.some((id) => (this.agents.get(id)?.streams ?? 0) > 0),
     }
     opts.registry.subscribe((change) => {
+      // After the registry has told everyone (it is mid-notification now).
+      if (change.type === 'added') queueMicrotask(() => this.#adopt(change.instanceId))
       if (change.type === 'down') this.#decide(`crash check of ${change.instanceId}`, () => this.#crashed(change.instanceId))
       if (change.type === 'engine_id_learned') this.#known.add(change.engineId)
       if (change.type !== 'engine_id_changed') return
@@ -315,9 +317,34 @@ export class RouterEvents {
     return id
   }
 
+  /**
+   * The instance an agent's engine URL belongs to: never a draining one. A draining instance
+   * admits nothing new, so an agent that registers for its URL runs another incarnation (with
+   * IP reuse, a new pod at an old pod's address); tied to the old instance, it would be
+   * retired with it (peer_gone for a live engine_id). It is adopted by the instance that
+   * joins at that URL instead.
+   */
   #instanceByUrl(url: string): string | undefined {
     const want = normalize(url)
-    return this.#registry.snapshot().instances.find((i) => normalize(i.url) === want)?.id
+    return this.#registry.snapshot().instances.find((i) => !i.draining && normalize(i.url) === want)?.id
+  }
+
+  /**
+   * An instance joined: agents registered for its URL before it did (in Kubernetes an agent
+   * registers when its engine starts, before the pod is Ready) are tied to it now, so its
+   * crash check sees their streams and its engine_id is theirs.
+   */
+  #adopt(instanceId: string): void {
+    const view = this.#registry.snapshot().instances.find((i) => i.id === instanceId)
+    if (!view || view.draining) return
+    const want = normalize(view.url)
+    for (const a of this.agents.all()) {
+      if (a.instanceId !== undefined || !a.engineUrl || normalize(a.engineUrl) !== want) continue
+      const { streams: _streams, ...record } = a
+      this.agents.put({ ...record, instanceId })
+      this.#registry.observeEngineId(instanceId, a.engineId)
+      this.#logger.info({ agentId: a.agentId, engineId: a.engineId, instance: instanceId }, 'agent adopted by the instance that joined at its engine URL')
+    }
   }
 }
 

@@ -38,8 +38,20 @@ export interface DrainerOptions {
   remoteInflight?: (id: string) => Promise<number>
 }
 
+export interface DrainOptions {
+  /**
+   * Whether the engine is going away (a preStop hook, a pod terminating): then its
+   * engine_ids get `peer_gone` once it is drained. False for an instance only taken out of
+   * routing (a pod NotReady for a while): its engine may well come back under the same
+   * engine_id, and agents that tombstoned it would refuse its blocks for minutes. Default true.
+   */
+  peerGone?: boolean
+}
+
 interface Pending {
   waiters: Set<(status: DrainStatus | Promise<DrainStatus>) => void>
+  /** peer_gone once drained: asked by any drain call of it (DrainOptions.peerGone). */
+  peerGone: boolean
   /** Set when nothing was left and the instance was retired (not deleted by hand). */
   drained: boolean
   /** The last word, once it left the topology. */
@@ -53,8 +65,8 @@ interface Pending {
  * Retiring instances (DESIGN "Events", autoscaler hooks). A draining instance admits nothing
  * new (the registry's `draining`); it is drained once it has no request in flight and, as a
  * prefiller, no unread lease in the ledger: P's slot goes back as soon as P answered, while D
- * may still be about to read P's blocks. Then `peer_gone` for its engine_ids and it leaves
- * the topology. A decoder that goes down or leaves keeps its leases: out of routing is not
+ * may still be about to read P's blocks. Then it leaves the topology, with `peer_gone` for its
+ * engine_ids when its engine is going away (DrainOptions: out of routing is not gone). A decoder that goes down or leaves keeps its leases: out of routing is not
  * gone, and D may still be reading (ledger.ts, "who may end a lease early"). The unread count is the ledger's
  * (every router's, with a shared one) and async: a check that cannot get it (Redis
  * unreachable) decides nothing and is tried again at the next poll.
@@ -82,16 +94,20 @@ export class Drainer {
    * Starts (or continues) draining `id`; answers where it stands now. The drain has begun
    * even when the answer fails (the ledger could not count): asking again joins it.
    */
-  async drain(id: string): Promise<DrainStatus> {
+  async drain(id: string, opts: DrainOptions = {}): Promise<DrainStatus> {
     const { registry } = this.#o
     if (!registry.has(id)) throw new RTR_ERR_INSTANCE_NOT_FOUND(id)
+    const peerGone = opts.peerGone ?? true
     let pending = this.#pending.get(id)
     if (!pending) {
-      pending = { waiters: new Set(), drained: false }
+      pending = { waiters: new Set(), drained: false, peerGone }
       this.#pending.set(id, pending)
       registry.drain(id)
-      this.#o.logger.info({ instance: id }, 'draining')
+      this.#o.logger.info({ instance: id, peerGone }, 'draining')
       this.#poll()
+    } else if (peerGone && !pending.peerGone) {
+      pending.peerGone = true
+      this.#o.logger.info({ instance: id }, 'draining: its engine is going away')
     }
     await this.#check(id)
     return pending.final ?? this.status(id)
@@ -163,7 +179,7 @@ export class Drainer {
         this.#o.logger.info({ instance: id }, 'drained')
         pending.drained = true
         try {
-          await this.#retire(id, `drained: instance ${id}`)
+          await this.#retire(id, `drained: instance ${id}`, pending.peerGone)
         } catch (err) {
           pending.drained = false
           throw err
@@ -179,13 +195,17 @@ export class Drainer {
     return pending.checking
   }
 
-  async #retire(id: string, reason: string): Promise<RemoveResult> {
+  async #retire(id: string, reason: string, peerGone = true): Promise<RemoveResult> {
     const view = this.#o.registry.snapshot().instances.find((i) => i.id === id)
     const engineIds = new Set<string>()
     if (view?.engineId) engineIds.add(view.engineId)
-    // Its agents: tied to it at registration, or registered for its URL before it joined.
-    for (const a of this.#o.events.agents.all()) {
-      if (a.instanceId === id || (view && a.engineUrl && new URL(a.engineUrl).origin === view.url)) engineIds.add(a.engineId)
+    // Its agents: those tied to it (at registration, or adopted when it joined). Never by URL
+    // alone: with IP reuse another pod's engine may serve that URL now.
+    for (const a of this.#o.events.agents.all()) if (a.instanceId === id) engineIds.add(a.engineId)
+    if (!peerGone) {
+      this.#o.logger.info({ instance: id, engineIds: [...engineIds] }, 'out of routing: removed without peer_gone (its engine may come back)')
+      this.#o.registry.remove(id)
+      return { id, peerGoneSeq: null, engineIds: [] }
     }
     // peer_gone before removal: the instance's engine_id must still be known to the events.
     const gone = engineIds.size > 0 ? await this.#o.events.peerGone({ engineIds: [...engineIds] }, reason) : undefined

@@ -27,6 +27,9 @@ const CommonRequestFields = {
   stream_options: Type.Optional(Type.Union([Type.Object({}, { additionalProperties: true }), Type.Null()])),
   max_tokens: NullableInt(1),
   min_tokens: NullableInt(0),
+  // Choices per prompt. vLLM's decoder reads the prompt's KV once per choice, so the router
+  // runs n > 1 as n handoffs of one choice each (one lease each).
+  n: NullableInt(1),
   kv_transfer_params: KvTransferParamsField,
 }
 

@@ -100,6 +100,9 @@ export const RouterConfig = Type.Object(
         // Requests in flight on one instance (its concurrency cap); more wait in the admission
         // queue. vLLM's default max_num_seqs is 256: beyond it the engine only queues internally.
         maxInflightPerInstance: Type.Integer({ minimum: 1, default: 256 }),
+        // Handoffs one request may fan out into: prompts of a batch × n choices, each a prefill
+        // and a decode leg with its own lease. More is refused (400 RTR_ERR_TOO_MANY_HANDOFFS).
+        maxHandoffsPerRequest: Type.Integer({ minimum: 1, default: 128 }),
       },
       { default: {}, additionalProperties: false },
     ),

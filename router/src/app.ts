@@ -222,6 +222,7 @@ export async function buildApp(deps: RouterDeps): Promise<FastifyInstance> {
     random,
     timeouts: config.timeouts,
     onLapsed: config.leases.onLapsed,
+    maxHandoffsPerRequest: config.limits.maxHandoffsPerRequest,
     pairs,
     ...(config.upstreamApiKey ? { upstreamApiKey: config.upstreamApiKey } : {}),
   })

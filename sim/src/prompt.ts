@@ -39,13 +39,12 @@ export function specFromCompletion(body: CompletionRequest): PromptSpec {
 }
 
 /**
- * `stop`, `stop_token_ids`, `ignore_eos`, `min_tokens` and `n` from a body, type-checked
- * here rather than in the shared request schemas, which the router validates too and must
- * keep passing through. Only `n: 1` is simulated.
+ * `stop`, `stop_token_ids`, `ignore_eos` and `min_tokens` from a body, type-checked here
+ * rather than in the shared request schemas, which the router validates too and must keep
+ * passing through. (`n` is the route's: one choice per child request, as vLLM serves it.)
  */
 export function stopFieldsFrom(body: Record<string, unknown>): StopFields {
-  const { stop, stop_token_ids: ids, ignore_eos: ignoreEos, min_tokens: minTokens, n } = body
-  if (n !== undefined && n !== null && n !== 1) throw new SIM_ERR_UNSUPPORTED_PROMPT(`n=${JSON.stringify(n)} (only n=1)`)
+  const { stop, stop_token_ids: ids, ignore_eos: ignoreEos, min_tokens: minTokens } = body
   if (stop !== undefined && stop !== null && typeof stop !== 'string' && !(Array.isArray(stop) && stop.every((s) => typeof s === 'string'))) {
     throw new SIM_ERR_BAD_REQUEST('stop must be a string or a list of strings')
   }

@@ -1,4 +1,5 @@
 import t from 'tap'
+import { splitRequest } from '../../router/src/proxy/batch.js'
 import { get, post, simRequests, sseEvents, startRouter, startSim } from '../helpers/cluster.js'
 
 // Issue 6 item 4: vLLM returns kv_transfer_params for a batch's first prompt only, so the
@@ -98,4 +99,47 @@ t.test("a streamed batch whose engine sends an error event: passed on as it came
   t.match(events, [{ error: { code: 'SIM_ERR_KV_LOAD_FAILED' } }, '[DONE]'], "one engine's error event, untouched (no choices or id added), then [DONE]")
   t.notOk('choices' in (events[0] as object), 'the error event is not reshaped as a chunk')
   t.match((await get(`${url}/metrics`)).text, /handoff_router_requests_total\{mode="pd",outcome="engine_error_event"\} 1/, 'counted as failed, not ok')
+})
+
+t.test('splitRequest: prompts × n choices, prompt-major, n: 1 each, seeds spread over the choices', async (t) => {
+  t.equal(splitRequest({ model: MODEL, prompt: 'one' }, '/v1/completions'), undefined, 'one prompt, one choice: one handoff as it is')
+  t.equal(splitRequest({ model: MODEL, messages: [], n: 1 }, '/v1/chat/completions'), undefined)
+  const chat = splitRequest({ model: MODEL, messages: [{ role: 'user', content: 'x' }], n: 3, seed: 7 }, '/v1/chat/completions')
+  t.same(
+    chat?.map((s) => [s.prompt, s.choice, s.index, s.body.n, s.body.seed]),
+    [
+      [0, 0, 0, 1, 7],
+      [0, 1, 1, 1, 8],
+      [0, 2, 2, 1, 9],
+    ],
+  )
+  const batch = splitRequest({ model: MODEL, prompt: ['a', 'b'], n: 2 }, '/v1/completions')
+  t.same(
+    batch?.map((s) => [s.body.prompt, s.index, s.body.n, 'seed' in s.body]),
+    [
+      ['a', 0, 1, false],
+      ['a', 1, 1, false],
+      ['b', 2, 1, false],
+      ['b', 3, 1, false],
+    ],
+  )
+  // Chat bodies have no batches: a `prompt` field there is just passed on.
+  t.equal(splitRequest({ model: MODEL, prompt: ['a', 'b'] }, '/v1/chat/completions'), undefined)
+})
+
+t.test('a request that fans out past limits.maxHandoffsPerRequest is refused before any leg, coded', async (t) => {
+  const r = await startRouter(
+    t,
+    [
+      { id: 'p0', role: 'prefill', url: p.url },
+      { id: 'd0', role: 'decode', url: d.url },
+    ],
+    { probe: false, limits: { bodyBytes: 1 << 20, connectionsPerUpstream: 8, maxInflightPerInstance: 8, maxHandoffsPerRequest: 4 } },
+  )
+  await clear()
+  const res = await post(`${r.url}/v1/completions`, { model: MODEL, prompt: ['a', 'b', 'c'], n: 2, max_tokens: 2 })
+  t.equal(res.status, 400)
+  t.match(res.json(), { error: { code: 'RTR_ERR_TOO_MANY_HANDOFFS', message: /needs 6 handoffs .* \(4\)/ } })
+  t.same(await simRequests(p), [], 'no prefill was spent')
+  t.equal((await post(`${r.url}/v1/completions`, { model: MODEL, prompt: ['a', 'b'], n: 2, max_tokens: 2 })).status, 200, 'at the limit: served')
 })

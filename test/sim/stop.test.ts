@@ -111,10 +111,9 @@ t.test('EOS from the eosAfterTokens fault; ignore_eos and min_tokens', async (t)
   t.equal(back.choices[0].text, oracleText({ kind: 'completion', prompt: PROMPT, maxTokens: 8 }))
 })
 
-t.test('bad stop fields and n ≠ 1 are refused', async (t) => {
+t.test('bad stop fields and n < 1 are refused', async (t) => {
   const { app } = build(t)
   const cases: [Record<string, unknown>, string][] = [
-    [{ n: 2 }, 'SIM_ERR_UNSUPPORTED_PROMPT'],
     [{ stop: 5 }, 'SIM_ERR_BAD_REQUEST'],
     [{ stop: ['a', 1] }, 'SIM_ERR_BAD_REQUEST'],
     [{ stop_token_ids: ['a'] }, 'SIM_ERR_BAD_REQUEST'],
@@ -127,6 +126,20 @@ t.test('bad stop fields and n ≠ 1 are refused', async (t) => {
   }
   const ok = await app.inject({ method: 'POST', url: '/v1/completions', payload: { model: MODEL, prompt: 'x', n: 1, stop: null, stop_token_ids: null, ignore_eos: false } })
   t.equal(ok.statusCode, 200)
+  t.equal((await app.inject({ method: 'POST', url: '/v1/completions', payload: { model: MODEL, prompt: 'x', n: 0 } })).statusCode, 400, 'n: 0 is refused')
+  const two = (await app.inject({ method: 'POST', url: '/v1/completions', payload: { model: MODEL, prompt: 'x', n: 2, max_tokens: 3 } })).json()
+  const text = oracleText({ kind: 'completion', prompt: 'x', maxTokens: 3 })
+  t.same(
+    two.choices.map((c: { index: number; text: string }) => [c.index, c.text]),
+    [
+      [0, text],
+      [1, text],
+    ],
+    'n: 2 answers two choices (the simulator is deterministic: both the same text)',
+  )
+  const one = (await app.inject({ method: 'POST', url: '/v1/completions', payload: { model: MODEL, prompt: 'x', max_tokens: 3 } })).json()
+  t.equal(two.usage.completion_tokens, 2 * one.usage.completion_tokens, 'completion tokens of both choices')
+  t.equal(two.usage.prompt_tokens, one.usage.prompt_tokens, 'the prompt once')
 })
 
 t.test('prefill leg: a stop finish returns no kv_transfer_params and frees the blocks', async (t) => {

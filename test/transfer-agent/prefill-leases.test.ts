@@ -57,6 +57,8 @@ t.test('bad leases are refused with coded errors', async (t) => {
 t.test('notifications: HB: lists and <id>:<n> read-done messages', async (t) => {
   t.same(parsePrefillNotification('HB:a,b,c'), { kind: 'heartbeat', ids: ['a', 'b', 'c'] })
   t.same(parsePrefillNotification('cmpl-x-1234:1'), { kind: 'read_done', id: 'cmpl-x-1234' })
+  t.same(parsePrefillNotification('GU:cmpl-x-1234'), { kind: 'gave_up', id: 'cmpl-x-1234' }, 'a decoder agent gave up a failed pull')
+  t.equal(parsePrefillNotification('GU:'), undefined)
   t.same(parsePrefillNotification('id:with:colons:2'), { kind: 'read_done', id: 'id:with:colons' })
   t.equal(parsePrefillNotification('HB:'), undefined)
   t.equal(parsePrefillNotification('no-count'), undefined)

@@ -278,15 +278,15 @@ export class TransferAgent {
   }
 
   /**
-   * A failed pull is quiescent: D's word to P that it is done with the blocks, as the
-   * read-done notification vLLM sends after a READ (`<P id>:<consumers>`), so P frees them
-   * now instead of at its lease's end. Only the decoder may end a lease it was handed early
+   * A failed pull is quiescent: D's word to P that it is done with the blocks (`GU:<P id>`,
+   * counted as one consumer done, like vLLM's read-done after a READ), so P frees them now
+   * instead of at its lease's end. Only the decoder may end a lease it was handed early
    * (DESIGN "Who may end a lease early"); a P that is gone or not loaded hears nothing.
    */
   #gaveUp(engineId: string, remoteRequestId: string): void {
     const att = this.#attachment
     if (!att?.nixl.peers().some((p) => p.engineId === engineId)) return
-    att.nixl.genNotif(engineId, `${remoteRequestId}:1`).then(
+    att.nixl.genNotif(engineId, `GU:${remoteRequestId}`).then(
       () => this.#d.metrics.gaveUp.inc({ outcome: 'ok' }),
       (err: unknown) => {
         this.#d.metrics.gaveUp.inc({ outcome: 'failed' })
@@ -303,8 +303,14 @@ export class TransferAgent {
       const { extended, unknown } = leases.heartbeat(parsed.ids)
       this.#d.metrics.heartbeatsReceived.inc({ result: 'extended' }, extended)
       if (unknown > 0) this.#d.metrics.heartbeatsReceived.inc({ result: 'unknown' }, unknown)
-    } else {
+    } else if (parsed.kind === 'gave_up') {
+      // A lease that already ended (expired: why the pull failed) is fine to hear of.
       leases.readDone(parsed.id)
+    } else if (!leases.readDone(parsed.id)) {
+      // vLLM's words for it: a decoder finished a READ of blocks no lease holds any more (a
+      // second read of a one-read lease, or one after expiry), so it may have read reused KV.
+      this.#d.metrics.readDoneUnknown.inc()
+      this.#d.log.warn({ requestId: parsed.id }, 'Potentially invalid KV blocks for unrecognized request were retrieved by a decode worker')
     }
   }
 

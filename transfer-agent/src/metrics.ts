@@ -47,6 +47,11 @@ export function createAgentMetrics() {
       labelNames: ['outcome'] as const,
       registers,
     }),
+    readDoneUnknown: new Counter({
+      name: 'handoff_agent_read_done_unknown_total',
+      help: 'Read-done notifications for requests no lease holds (prefiller): a decoder read blocks that may have been reused',
+      registers,
+    }),
     gaveUp: new Counter({
       name: 'handoff_agent_pull_gave_up_total',
       help: 'Failed pulls, once quiescent, reported to their prefiller as done with its blocks (read-done), by outcome (ok, failed)',

@@ -120,16 +120,19 @@ export class PrefillLeases {
 }
 
 /**
- * A prefiller's incoming NIXL notification: `HB:<id>,<id>,…` (heartbeat, P-side ids) or
- * `<id>:<consumers>` (read done). Anything else is not ours (returns undefined).
+ * A prefiller's incoming NIXL notification: `HB:<id>,<id>,…` (heartbeat, P-side ids),
+ * `<id>:<consumers>` (read done, vLLM's), or `GU:<id>` (one of our decoders' agents gave up a
+ * failed pull, once it was quiescent: a consumer done without reading). Anything else is not
+ * ours (returns undefined).
  */
-export type PrefillNotification = { kind: 'heartbeat'; ids: string[] } | { kind: 'read_done'; id: string }
+export type PrefillNotification = { kind: 'heartbeat'; ids: string[] } | { kind: 'read_done'; id: string } | { kind: 'gave_up'; id: string }
 
 export function parsePrefillNotification(message: string): PrefillNotification | undefined {
   if (message.startsWith('HB:')) {
     const ids = message.slice(3).split(',').filter((s) => s !== '')
     return ids.length > 0 ? { kind: 'heartbeat', ids } : undefined
   }
+  if (message.startsWith('GU:')) return message.length > 3 ? { kind: 'gave_up', id: message.slice(3) } : undefined
   // The id itself may contain ':' (vLLM ids do not, ours might): split on the last one.
   const at = message.lastIndexOf(':')
   if (at <= 0) return undefined

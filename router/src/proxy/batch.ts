@@ -1,16 +1,50 @@
 type Body = Record<string, unknown>
 
 /**
- * A `/v1/completions` batch (`prompt: [..]` of strings or of token-id lists) becomes one
- * handoff per prompt: vLLM returns kv_transfer_params for the first prompt only, so one
- * handoff for the batch would re-prefill every other prompt on D. Returns the per-prompt
- * bodies, or undefined for a single prompt (a string, or one list of token ids).
+ * One handoff of a request that needs several: prompt `prompt`'s choice `choice`, whose one
+ * choice is numbered `index` in the merged answer.
  */
-export function splitBatch(body: Body): Body[] | undefined {
+export interface SubRequest {
+  body: Body
+  prompt: number
+  choice: number
+  index: number
+}
+
+/**
+ * A request becomes one handoff per prompt and choice (DESIGN "One request, end to end"):
+ * - a `/v1/completions` batch (`prompt: [..]` of strings or of token-id lists): vLLM returns
+ *   kv_transfer_params for the first prompt only, so one handoff for the batch would
+ *   re-prefill every other prompt on D;
+ * - `n > 1` (issue 17 item 7): vLLM's decoder loads the remote KV once per choice while P's
+ *   lease is for one read, so every choice after the first would read blocks P already
+ *   freed (and may have reused). Each choice is its own handoff with `n: 1` and its own lease;
+ *   with a `seed`, choice j gets `seed + j`, so seeded choices still differ.
+ * Sub-requests come prompt-major, as vLLM numbers a batch's choices (prompt i, choice j →
+ * index i·n + j). Returns undefined when the request is one handoff as it is.
+ */
+export function splitRequest(body: Body, path: string): SubRequest[] | undefined {
+  const prompts = path === '/v1/completions' ? batchPrompts(body) : undefined
+  const n = typeof body.n === 'number' && body.n > 1 ? body.n : 1
+  if (!prompts && n === 1) return undefined
+  const subs: SubRequest[] = []
+  const bodies = prompts ? prompts.map((p) => ({ ...body, prompt: p })) : [body]
+  bodies.forEach((b, prompt) => {
+    for (let choice = 0; choice < n; choice++) {
+      const one: Body = n > 1 ? { ...b, n: 1 } : b
+      if (n > 1 && typeof b.seed === 'number') one.seed = b.seed + choice
+      subs.push({ body: one, prompt, choice, index: prompt * n + choice })
+    }
+  })
+  return subs
+}
+
+/** A batch's prompts (strings or token-id lists); undefined for a single prompt. */
+function batchPrompts(body: Body): unknown[] | undefined {
   const prompt = body.prompt
   if (!Array.isArray(prompt) || prompt.length === 0) return undefined
   if (prompt.every((p) => typeof p === 'number')) return undefined
-  return prompt.map((p) => ({ ...body, prompt: p }))
+  return prompt
 }
 
 interface Usage {
@@ -19,32 +53,28 @@ interface Usage {
   total_tokens?: number
 }
 
-function addUsage(into: Usage, u: unknown): void {
+/** Adds one sub-request's usage: its prompt counts once, with its first choice. */
+function addUsage(into: Usage, u: unknown, sub: SubRequest | undefined): void {
   if (typeof u !== 'object' || u === null) return
   const x = u as Usage
-  for (const k of ['prompt_tokens', 'completion_tokens', 'total_tokens'] as const) {
-    if (typeof x[k] === 'number') into[k] = (into[k] ?? 0) + x[k]
-  }
+  const keys = sub === undefined || sub.choice === 0 ? (['prompt_tokens', 'completion_tokens'] as const) : (['completion_tokens'] as const)
+  for (const k of keys) if (typeof x[k] === 'number') into[k] = (into[k] ?? 0) + x[k]
+  into.total_tokens = (into.prompt_tokens ?? 0) + (into.completion_tokens ?? 0)
 }
 
-function choicesPerPrompt(body: Body): number {
-  return typeof body.n === 'number' && body.n > 1 ? body.n : 1
-}
-
-/** vLLM numbers a batch's choices prompt-major: prompt i, choice j → index i·n + j. */
-function reindex(choices: unknown, prompt: number, n: number): unknown[] {
+/** A sub-request's choices, renumbered into the merged answer. */
+function reindex(choices: unknown, sub: SubRequest | undefined): unknown[] {
   if (!Array.isArray(choices)) return []
-  return choices.map((c: Record<string, unknown>) => ({ ...c, index: prompt * n + (typeof c.index === 'number' ? c.index : 0) }))
+  return choices.map((c: Record<string, unknown>) => ({ ...c, index: (sub?.index ?? 0) + (typeof c.index === 'number' ? c.index : 0) }))
 }
 
-/** Merges the non-streamed answers of a batch's handoffs into one, in prompt order. */
-export function mergeCompletions(body: Body, answers: Body[]): Body {
-  const n = choicesPerPrompt(body)
+/** Merges the non-streamed answers of a request's handoffs into one, in index order. */
+export function mergeCompletions(subs: readonly SubRequest[], answers: Body[]): Body {
   const usage: Usage = {}
   const choices: unknown[] = []
   answers.forEach((a, i) => {
-    choices.push(...reindex(a.choices, i, n))
-    addUsage(usage, a.usage)
+    choices.push(...reindex(a.choices, subs[i]))
+    addUsage(usage, a.usage, subs[i])
   })
   const { kv_transfer_params: _k, ...head } = answers[0] ?? {}
   return { ...head, choices, usage }
@@ -69,21 +99,23 @@ export class EngineErrorEvent extends Error {
 }
 
 /**
- * Interleaves the SSE streams of a batch's handoffs as vLLM streams a batch: chunks in the
- * order they come, choices renumbered prompt-major, one id for all, the usage chunks summed
- * into one at the end, one [DONE]. `onFirstFrame(i, kind)`: stream i's first whole frame, data
- * or the engine's error event. A stream that fails throws (the caller ends the response with an
- * error event); an engine's error event is yielded as it came, then EngineErrorEvent is thrown.
+ * Interleaves the SSE streams of a request's handoffs as vLLM streams a batch or n choices:
+ * chunks in the order they come, choices renumbered prompt-major, one id for all, the usage
+ * chunks summed into one at the end, one [DONE]. `onFirstFrame(i, kind)`: stream i's first
+ * whole frame, data or the engine's error event. A stream that fails throws (the caller ends
+ * the response with an error event); an engine's error event is yielded as it came, then
+ * EngineErrorEvent is thrown.
  */
 export async function* mergeStreams(
   body: Body,
+  subs: readonly SubRequest[],
   streams: AsyncIterable<Buffer>[],
   onFirstFrame: (i: number, kind: 'data' | 'error') => void = () => {},
 ): AsyncGenerator<string> {
-  const n = choicesPerPrompt(body)
   const usage: Usage = {}
   let sawUsage = false
   let id: unknown
+  let object: unknown
   const iters = streams.map((s) => s[Symbol.asyncIterator]())
   const tails = streams.map(() => '')
   const started = streams.map(() => false)
@@ -120,14 +152,15 @@ export async function* mergeStreams(
       const choices = chunk.choices
       if (Array.isArray(choices) && choices.length === 0 && chunk.usage) {
         sawUsage = true
-        addUsage(usage, chunk.usage)
+        addUsage(usage, chunk.usage, subs[i])
         continue
       }
       id ??= chunk.id
-      out += `data: ${JSON.stringify({ ...chunk, id, choices: reindex(choices, i, n) })}\n\n`
+      object ??= chunk.object
+      out += `data: ${JSON.stringify({ ...chunk, id, choices: reindex(choices, subs[i]) })}\n\n`
     }
     if (out) yield out
   }
-  if (sawUsage) yield `data: ${JSON.stringify({ id, object: 'text_completion', model: body.model, choices: [], usage })}\n\n`
+  if (sawUsage) yield `data: ${JSON.stringify({ id, object: object ?? 'text_completion', model: body.model, choices: [], usage })}\n\n`
   yield 'data: [DONE]\n\n'
 }

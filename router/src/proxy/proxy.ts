@@ -1,7 +1,7 @@
 import { Readable } from 'node:stream'
 import type { FastifyReply, FastifyRequest } from 'fastify'
-import { errorEvent, isRouterError, RTR_ERR_INTERNAL, type CodedError, type RouterErrorCode } from '../errors.js'
-import { EngineErrorEvent, mergeCompletions, mergeStreams, splitBatch } from './batch.js'
+import { errorEvent, isRouterError, RTR_ERR_INTERNAL, RTR_ERR_TOO_MANY_HANDOFFS, type CodedError, type RouterErrorCode } from '../errors.js'
+import { EngineErrorEvent, mergeCompletions, mergeStreams, splitRequest, type SubRequest } from './batch.js'
 import { ClientGone, Exchange, type ExchangeDeps } from './exchange.js'
 import { HandoffRunner, type Answer, type HandoffDeps } from './handoff.js'
 import { wantsStream } from './legs.js'
@@ -18,15 +18,15 @@ class BatchAborted extends Error {}
 
 /**
  * The completion routes' handler: one request's story. An Exchange is opened for it and
- * settles once, when the response closes; a batch of prompts runs one handoff per prompt;
- * the answer is relayed, and every failure becomes an outcome here and a client error in
- * app.ts's error handler.
+ * settles once, when the response closes; a batch of prompts or n > 1 choices runs one
+ * handoff per prompt and choice (batch.ts); the answer is relayed, and every failure becomes
+ * an outcome here and a client error in app.ts's error handler.
  */
 export class CompletionProxy {
-  readonly #deps: ExchangeDeps & HandoffDeps
+  readonly #deps: ExchangeDeps & HandoffDeps & { maxHandoffsPerRequest: number }
   readonly #runner: HandoffRunner
 
-  constructor(deps: ExchangeDeps & HandoffDeps) {
+  constructor(deps: ExchangeDeps & HandoffDeps & { maxHandoffsPerRequest: number }) {
     this.#deps = deps
     this.#runner = new HandoffRunner(deps)
   }
@@ -35,9 +35,10 @@ export class CompletionProxy {
     const ex = new Exchange(this.#deps, req.id, reply, req.log)
     const body = req.body as Body
     try {
-      const batch = path === '/v1/completions' ? splitBatch(body) : undefined
-      if (batch && batch.length > 1) return await this.#batch(ex, reply, body, batch, path)
-      const answer = await this.#runner.run(ex, batch?.[0] ?? body, path)
+      const subs = splitRequest(body, path)
+      if (subs && subs.length > this.#deps.maxHandoffsPerRequest) throw new RTR_ERR_TOO_MANY_HANDOFFS(subs.length, this.#deps.maxHandoffsPerRequest)
+      if (subs && subs.length > 1) return await this.#batch(ex, reply, body, subs, path)
+      const answer = await this.#runner.run(ex, subs?.[0]?.body ?? body, path)
       return await this.#respond(ex, reply, answer, wantsStream(body))
     } catch (err) {
       return this.#failed(ex, reply, err)
@@ -78,10 +79,10 @@ export class CompletionProxy {
     return reply.code(res.statusCode).header('content-type', contentType).header('cache-control', 'no-cache').send(relay)
   }
 
-  async #batch(ex: Exchange, reply: FastifyReply, body: Body, bodies: Body[], path: string): Promise<FastifyReply> {
+  async #batch(ex: Exchange, reply: FastifyReply, body: Body, subs: SubRequest[], path: string): Promise<FastifyReply> {
     const answers = await allOrStop(
       ex,
-      bodies.map((b) => this.#runner.run(ex, b, path)),
+      subs.map((s) => this.#runner.run(ex, s.body, path)),
     )
     const bad = answers.find((a) => a.kind === 'engine-error' || a.answer.res.statusCode >= 400)
     if (bad) {
@@ -107,12 +108,12 @@ export class CompletionProxy {
           }
         }),
       )
-      return reply.code(200).type(JSON_TYPE).send(mergeCompletions(body, parsed))
+      return reply.code(200).type(JSON_TYPE).send(mergeCompletions(subs, parsed))
     }
     const streams = ok.map((a) => a.answer.res.body as AsyncIterable<Buffer>)
     const merged = async function* (this: void): AsyncGenerator<string> {
       try {
-        yield* mergeStreams(body, streams, (i, kind) => firstFrame(ok[i] as Answer & { kind: 'upstream' }, kind))
+        yield* mergeStreams(body, subs, streams, (i, kind) => firstFrame(ok[i] as Answer & { kind: 'upstream' }, kind))
       } catch (err) {
         if (err instanceof EngineErrorEvent) {
           // One prompt's engine failed (its error event went out as it came): the batch ends.

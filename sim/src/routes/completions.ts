@@ -78,8 +78,18 @@ async function serve(ctx: SimContext, kind: Kind, request: FastifyRequest<{ Body
     }
   }
   let result: EngineResult
+  const choices: EngineResult[] = []
   try {
-    result = await ctx.engine.run({ responseId, input, kvTransferParams: body.kv_transfer_params, signal, log: request.log, failKvLoad: fault === 'kv_load_failure' })
+    const run = (): Promise<EngineResult> =>
+      ctx.engine.run({ responseId, input, kvTransferParams: body.kv_transfer_params, signal, log: request.log, failKvLoad: fault === 'kv_load_failure' })
+    result = await run()
+    choices.push(result)
+    // n > 1 as vLLM's decoder serves it: one child request per choice, each loading the remote
+    // KV itself (one READ of P's blocks per choice), one after another here. P's lease is for
+    // one read, so every child after the first reads blocks P may already have reused.
+    const n = typeof body.n === 'number' && body.n > 1 ? body.n : 1
+    const remote = (body.kv_transfer_params as { do_remote_prefill?: unknown } | null | undefined)?.do_remote_prefill === true
+    for (let j = 1; j < n; j++) choices.push(remote ? await run() : result)
   } catch (err) {
     done(false)
     if (isKvLoadFailure(err)) {
@@ -101,16 +111,17 @@ async function serve(ctx: SimContext, kind: Kind, request: FastifyRequest<{ Body
     ...(result.kvLoad?.agentCode ? { kvLoadError: result.kvLoad.agentCode } : {}),
   })
   const created = Math.floor(ctx.clock.now() / 1000)
+  const completionTokens = choices.reduce((sum, c) => sum + c.output.tokens.length, 0)
   const usage: Usage = {
     prompt_tokens: result.promptTokens,
-    completion_tokens: output.tokens.length,
-    total_tokens: result.promptTokens + output.tokens.length,
+    completion_tokens: completionTokens,
+    total_tokens: result.promptTokens + completionTokens,
   }
   const head = { id: responseId, created, model: config.model }
 
   if (body.stream === true) {
     const includeUsage = (body.stream_options as { include_usage?: unknown } | null | undefined)?.include_usage === true
-    const frames = sseFrames(kind, head, result, includeUsage ? usage : undefined)
+    const frames = sseFrames(kind, head, choices, includeUsage ? usage : undefined)
     if (fault === 'disconnect') {
       done(false)
       // Headers and the first frames reach the client, then the socket goes.
@@ -140,15 +151,14 @@ async function serve(ctx: SimContext, kind: Kind, request: FastifyRequest<{ Body
     done(false)
     throw err
   }
-  const { text, finishReason, stopReason } = output
-  const choice =
-    kind === 'chat'
-      ? { index: 0, message: { role: 'assistant', content: text }, logprobs: null, finish_reason: finishReason, stop_reason: stopReason }
-      : { index: 0, text, logprobs: null, finish_reason: finishReason, stop_reason: stopReason }
   const payload = {
     ...head,
     object: kind === 'chat' ? 'chat.completion' : 'text_completion',
-    choices: [choice],
+    choices: choices.map(({ output: { text, finishReason, stopReason } }, index) =>
+      kind === 'chat'
+        ? { index, message: { role: 'assistant', content: text }, logprobs: null, finish_reason: finishReason, stop_reason: stopReason }
+        : { index, text, logprobs: null, finish_reason: finishReason, stop_reason: stopReason },
+    ),
     usage,
     kv_transfer_params: result.kvTransferParams,
   }
@@ -181,30 +191,35 @@ function streamError(request: FastifyRequest, reply: FastifyReply, err: Error & 
 
 /**
  * The SSE frames of a streamed answer, in vLLM's shapes: for chat a first frame with the
- * assistant role, then one frame per token (the last with finish_reason), an optional usage
- * frame with empty choices, and `data: [DONE]`. Yields `null` between tokens, where a decode
- * step's delay belongs.
+ * assistant role per choice, then one frame per token and choice (the last with
+ * finish_reason), an optional usage frame with empty choices, and `data: [DONE]`. Yields
+ * `null` between token steps, where a decode step's delay belongs.
  */
-function* sseFrames(kind: Kind, head: { id: string; created: number; model: string }, result: EngineResult, usage: Usage | undefined): Generator<string | null> {
+function* sseFrames(kind: Kind, head: { id: string; created: number; model: string }, results: readonly EngineResult[], usage: Usage | undefined): Generator<string | null> {
   const object = kind === 'chat' ? 'chat.completion.chunk' : 'text_completion'
   const frame = (choices: unknown[], extra?: object): string =>
     `data: ${JSON.stringify({ id: head.id, object, created: head.created, model: head.model, choices, ...extra })}\n\n`
-  if (kind === 'chat') yield frame([{ index: 0, delta: { role: 'assistant', content: '' }, logprobs: null, finish_reason: null }])
-  const { pieces, finishReason, stopReason } = result.output
-  const n = pieces.length
-  for (let i = 0; i < n; i++) {
+  if (kind === 'chat') {
+    for (let index = 0; index < results.length; index++) yield frame([{ index, delta: { role: 'assistant', content: '' }, logprobs: null, finish_reason: null }])
+  }
+  const steps = Math.max(...results.map((r) => r.output.pieces.length))
+  for (let i = 0; i < steps; i++) {
     if (i > 0) yield null
-    // A stop token or the cut part of a stop string has no text; its frame still carries
-    // the finish reason, as vLLM's last chunk does.
-    const text = pieces[i] as string
-    const last = i === n - 1
-    const finish = last ? finishReason : null
-    const stop = last ? stopReason : null
-    yield frame([
-      kind === 'chat'
-        ? { index: 0, delta: { content: text }, logprobs: null, finish_reason: finish, stop_reason: stop }
-        : { index: 0, text, logprobs: null, finish_reason: finish, stop_reason: stop },
-    ])
+    for (let index = 0; index < results.length; index++) {
+      const { pieces, finishReason, stopReason } = (results[index] as EngineResult).output
+      if (i >= pieces.length) continue
+      // A stop token or the cut part of a stop string has no text; its frame still carries
+      // the finish reason, as vLLM's last chunk does.
+      const text = pieces[i] as string
+      const last = i === pieces.length - 1
+      const finish = last ? finishReason : null
+      const stop = last ? stopReason : null
+      yield frame([
+        kind === 'chat'
+          ? { index, delta: { content: text }, logprobs: null, finish_reason: finish, stop_reason: stop }
+          : { index, text, logprobs: null, finish_reason: finish, stop_reason: stop },
+      ])
+    }
   }
   if (usage) yield frame([], { usage })
   yield 'data: [DONE]\n\n'

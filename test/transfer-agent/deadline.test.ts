@@ -165,6 +165,26 @@ t.test('the margin is never more than a quarter of the lease', async (t) => {
   t.equal(leaseDeadline({ expiry: { e0: 5_000, uncertaintyMs: 0 }, heartbeats: hb.get('p0', 'r'), leaseMs: 8_000 }).marginMs, 2_000)
 })
 
+t.test('an offset uncertainty above a quarter lease: no heartbeat credit, the whole error in the margin (issue 17 item 5)', async (t) => {
+  // 5 s lease, D accepted at 0, heartbeats every 800 ms: credit would carry it past E0.
+  const clock = new ManualClock()
+  const hb = new HeartbeatRegistry({ clock })
+  hb.start('p0', 'r')
+  for (let at = 0; at <= 4_000; at += 800) {
+    clock.advance(at - clock.monotonic())
+    hb.sent('p0', 'r', true)
+  }
+  const tight: LeaseInput = { expiry: { e0: 5_000, uncertaintyMs: 10 }, heartbeats: hb.get('p0', 'r'), leaseMs: 5_000, safetyMs: 500 }
+  t.match(leaseDeadline(tight), { chain: 'unbroken' }, 'a tight reading: heartbeats count')
+  // A 2.6 s round trip (1.3 s uncertainty > 1.25 s): the margin cannot cover the offset error.
+  const loose: LeaseInput = { ...tight, expiry: { e0: 5_000, uncertaintyMs: 1_300 } }
+  t.same(leaseDeadline(loose), { deadline: 5_000 - 1_300 - 500, marginMs: 1_800, boundMs: undefined, chain: 'clock_uncertain' })
+  t.same(checkLease(3_200, loose), { ok: false, reason: 'clock_uncertain', deadline: 3_200 })
+  t.equal(checkLease(3_199, loose).ok, true, 'inside E0 less the whole error it still reads')
+  // Exactly at the cap the proof holds.
+  t.match(leaseDeadline({ ...tight, expiry: { e0: 5_000, uncertaintyMs: 1_250 } }), { chain: 'unbroken' })
+})
+
 t.test('E0 from the producer clock via the handshake reading', async (t) => {
   const epoch = 123_456_789 // P's clock (ms) minus ours
   const producerSeconds = (local: number): number => (local + epoch) / 1000

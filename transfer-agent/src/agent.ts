@@ -62,7 +62,10 @@ export class TransferAgent {
         try {
           const r = await this.#handshake.handshake(address, expected, signal)
           metrics.handshakes.inc({ outcome: 'ok' })
-          log.info({ peer: r.engineId, address, rttMs: r.clock.rttMs }, 'handshake done')
+          metrics.clockUncertainty.observe(r.clock.uncertaintyMs / 1000)
+          // Past a quarter lease the deadline proof does not hold: no heartbeat credit then.
+          const level = r.clock.uncertaintyMs > this.#leaseMs / 4 ? 'warn' : 'info'
+          log[level]({ peer: r.engineId, address, rttMs: r.clock.rttMs, uncertaintyMs: r.clock.uncertaintyMs }, 'handshake done')
           return r
         } catch (err) {
           metrics.handshakes.inc({ outcome: 'failed' })

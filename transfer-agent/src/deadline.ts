@@ -17,7 +17,11 @@ import type { HeartbeatRecord } from './heartbeats.js'
  *   previous one, so it too arrives while the lease is alive;
  * - the deadline, max(E0, last + bound) − margin, is therefore no later than P's expiry.
  * A heartbeat lost after a successful send cannot be detected (no acknowledgement, §2.3);
- * that, clock drift during a lease, and an offset uncertainty above lease/4 are outside it.
+ * that and clock drift during a lease are outside it. So is an offset uncertainty above the
+ * margin's cap (lease/4): then the margin is not capped (offset error plus safety) and no
+ * heartbeat is credited ('clock_uncertain'), so D reads only while E0 is surely ahead. A
+ * handshake takes several samples and keeps the tightest, so that takes a slow link, not one
+ * slow round trip.
  */
 
 /** The safety part of the margin when none is configured: vLLM's 5 s (§2.6). */
@@ -88,7 +92,7 @@ export function marginMs(uncertaintyMs: number, leaseMs: number, safetyMs = DEFA
   return Math.max(0, Math.min(uncertaintyMs + safetyMs, leaseMs / 4))
 }
 
-export type LeaseDeclineReason = 'expired' | 'heartbeat_gap' | 'heartbeat_failed' | 'late_first_heartbeat' | 'no_heartbeat'
+export type LeaseDeclineReason = 'expired' | 'heartbeat_gap' | 'heartbeat_failed' | 'late_first_heartbeat' | 'no_heartbeat' | 'clock_uncertain'
 
 /** Why the heartbeats do not count, or 'unbroken' when they do. */
 export type HeartbeatChain = 'unbroken' | Exclude<LeaseDeclineReason, 'expired'>
@@ -122,6 +126,11 @@ export function leaseDeadline(input: LeaseInput): LeaseDeadline {
   const { e0, uncertaintyMs } = input.expiry
   const hb = input.heartbeats
   const leaseMs = input.leaseMs ?? (hb ? e0 - hb.startedAt : Number.POSITIVE_INFINITY)
+  if (uncertaintyMs > leaseMs / 4) {
+    // Past the cap the proof above does not hold: no credit, and the whole offset error.
+    const margin = uncertaintyMs + (input.safetyMs ?? DEFAULT_SAFETY_MS)
+    return { deadline: e0 - margin, marginMs: margin, boundMs: undefined, chain: 'clock_uncertain' }
+  }
   const margin = marginMs(uncertaintyMs, leaseMs, input.safetyMs)
   if (!hb || hb.firstSentAt === undefined || hb.lastSentAt === undefined) {
     return { deadline: e0 - margin, marginMs: margin, boundMs: undefined, chain: 'no_heartbeat' }

@@ -2,26 +2,34 @@ import { Agent, request } from 'undici'
 import type { Clock } from '../../common/clock.js'
 import { createAjv, describeErrors } from '../../schemas/ajv.js'
 import type { PeerHandshake } from '../../schemas/agent-api.js'
-import { clockSample } from './deadline.js'
+import { betterSample, clockSample, type ClockSample } from './deadline.js'
 import type { Handshake, HandshakeResult } from './peers.js'
 
 /**
  * The agent-to-agent handshake, client side: `GET http://<remote_host>:<remote_port>/v1/peer/
  * handshake`. The answer is checked against its schema; the clock reading is placed inside the
  * request's round trip (deadline.ts clockSample), so its error is at most half of it. The
- * engine_id check against `remote_engine_id` is the peer table's.
+ * request is sent `samples` times on one connection and the tightest reading kept (the
+ * lowest round trip, as vLLM keeps the best of its handshakes): one slow round trip (a GC
+ * pause, a busy peer) would otherwise widen every margin, or break the deadline proof, for as
+ * long as the handshake is cached. The engine_id check against `remote_engine_id` is the peer
+ * table's; every sample must come from the same NIXL agent.
  */
 export interface HandshakeClientOptions {
   clock: Clock
   timeoutMs: number
   agentToken?: string
+  /** Clock samples per handshake (default 3). */
+  samples?: number
 }
 
 export function createHandshake(opts: HandshakeClientOptions): { handshake: Handshake; close: () => Promise<void> } {
   const dispatcher = new Agent({ connect: { timeout: opts.timeoutMs }, keepAliveTimeout: 4000 })
   const validate = createAjv({ useDefaults: false }).getSchema<PeerHandshake>('PeerHandshake')
   if (!validate) throw new Error('PeerHandshake schema not registered')
-  const handshake: Handshake = async (address, expectedEngineId, signal) => {
+  const samples = opts.samples ?? 3
+  if (!(Number.isInteger(samples) && samples >= 1)) throw new RangeError(`handshake samples must be a positive integer, got ${samples}`)
+  const once = async (address: string, expectedEngineId: string, signal: AbortSignal): Promise<{ body: PeerHandshake; clock: ClockSample }> => {
     const sentAt = opts.clock.monotonic()
     const res = await request(`http://${address}/v1/peer/handshake?engine_id=${encodeURIComponent(expectedEngineId)}`, {
       dispatcher,
@@ -40,10 +48,23 @@ export function createHandshake(opts: HandshakeClientOptions): { handshake: Hand
       throw new Error(`${address} answered with a body that is not JSON`)
     }
     if (!validate(body)) throw new Error(`${address} answered a bad handshake: ${describeErrors(validate.errors)}`)
+    return { body, clock: clockSample(sentAt, body.clock, receivedAt) }
+  }
+  const handshake: Handshake = async (address, expectedEngineId, signal) => {
+    const first = await once(address, expectedEngineId, signal)
+    let clock = first.clock
+    for (let i = 1; i < samples; i++) {
+      const next = await once(address, expectedEngineId, signal)
+      if (next.body.engineId !== first.body.engineId || next.body.metadata !== first.body.metadata) {
+        throw new Error(`${address} changed while it was sampled (${first.body.engineId} → ${next.body.engineId}): another engine answers there`)
+      }
+      clock = betterSample(clock, next.clock)
+    }
+    const { body } = first
     const result: HandshakeResult = {
       engineId: body.engineId,
       metadata: Buffer.from(body.metadata, 'base64'),
-      clock: clockSample(sentAt, body.clock, receivedAt),
+      clock,
       probe: body.probe,
       region: { addr: BigInt(body.region.addr), len: body.region.len, blockBytes: body.region.blockBytes, numBlocks: body.region.numBlocks },
     }

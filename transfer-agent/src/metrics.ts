@@ -41,6 +41,12 @@ export function createAgentMetrics() {
       registers,
     }),
     handshakes: new Counter({ name: 'handoff_agent_handshakes_total', help: 'Handshakes sent, by outcome', labelNames: ['outcome'] as const, registers }),
+    clockUncertainty: new Histogram({
+      name: 'handoff_agent_handshake_clock_uncertainty_seconds',
+      help: "A handshake's clock offset uncertainty (half the tightest sample's round trip); above a quarter lease no heartbeat is credited",
+      buckets: [0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5],
+      registers,
+    }),
     heartbeats: new Counter({
       name: 'handoff_agent_heartbeats_total',
       help: 'HB: messages sent to prefillers, by outcome (ok, failed)',

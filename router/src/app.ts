@@ -2,6 +2,7 @@ import { randomUUID } from 'node:crypto'
 import Fastify, { type FastifyBaseLogger, type FastifyError, type FastifyInstance } from 'fastify'
 import { Agent, request, type Dispatcher } from 'undici'
 import { systemClock, type Clock } from '../../common/clock.js'
+import { limitJsonDepth } from '../../common/json-body.js'
 import { loggerOptions } from '../../common/logger.js'
 import { systemRandom, type Random } from '../../common/random.js'
 import { sharedSchemas } from '../../schemas/index.js'
@@ -141,6 +142,7 @@ export async function buildApp(deps: RouterDeps): Promise<FastifyInstance> {
   // Only JSON is accepted: without this, text/plain would be parsed as a string and fail
   // validation as a 400 instead of the documented 415.
   app.removeContentTypeParser('text/plain')
+  limitJsonDepth(app)
 
   const registry = new TopologyRegistry({ clock, policy: config.health, instances: config.instances })
   const metrics = createRouterMetrics()

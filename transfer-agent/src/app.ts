@@ -1,4 +1,5 @@
 import { bearerChecker } from '../../common/bearer.js'
+import { limitJsonDepth } from '../../common/json-body.js'
 import Fastify, { type FastifyBaseLogger, type FastifyError, type FastifyInstance, type FastifyPluginAsync } from 'fastify'
 import type { Logger } from 'pino'
 import { sharedSchemas } from '../../schemas/index.js'
@@ -34,9 +35,11 @@ export function buildAgentApp(deps: AgentAppDeps): FastifyInstance {
     ajv: { customOptions: { removeAdditional: false, coerceTypes: false, useDefaults: true, allErrors: false } },
   })
   for (const s of sharedSchemas) app.addSchema(s)
+  limitJsonDepth(app)
 
   app.setErrorHandler((err: FastifyError, request, reply) => {
-    if (err.validation) {
+    // A body that is no JSON, empty, or nested too deep is a caller mistake like a bad field.
+    if (err.validation || err instanceof SyntaxError || err.code === 'FST_ERR_CTP_INVALID_JSON_BODY' || err.code === 'FST_ERR_CTP_EMPTY_JSON_BODY') {
       const e = xfaError('XFA_ERR_INVALID_ARG', err.message)
       return reply.code(400).send({ error: { code: e.code, message: e.message } })
     }

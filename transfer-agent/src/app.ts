@@ -1,5 +1,6 @@
 import { bearerChecker } from '../../common/bearer.js'
 import { limitJsonDepth } from '../../common/json-body.js'
+import { redactQuery, withRequestSerializers } from '../../common/logger.js'
 import Fastify, { type FastifyBaseLogger, type FastifyError, type FastifyInstance, type FastifyPluginAsync } from 'fastify'
 import type { Logger } from 'pino'
 import { sharedSchemas } from '../../schemas/index.js'
@@ -29,7 +30,7 @@ export function buildAgentApp(deps: AgentAppDeps): FastifyInstance {
   const { agent, metrics } = deps
   const maxPollMs = deps.maxPollMs ?? 30_000
   const app = Fastify({
-    loggerInstance: deps.logger as FastifyBaseLogger,
+    loggerInstance: withRequestSerializers(deps.logger) as FastifyBaseLogger,
     bodyLimit: 16 * 1024 * 1024,
     disableRequestLogging: true,
     ajv: { customOptions: { removeAdditional: false, coerceTypes: false, useDefaults: true, allErrors: false } },
@@ -49,7 +50,7 @@ export function buildAgentApp(deps: AgentAppDeps): FastifyInstance {
     return reply.code(status).send({ error: { code, message: err.message } })
   })
   app.setNotFoundHandler((request, reply) => {
-    const e = xfaError('XFA_ERR_NOT_FOUND', `${request.method} ${request.url}`)
+    const e = xfaError('XFA_ERR_NOT_FOUND', `${request.method} ${redactQuery(request.url)}`)
     return reply.code(404).send({ error: { code: e.code, message: e.message } })
   })
 

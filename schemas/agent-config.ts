@@ -24,6 +24,10 @@ export const AgentConfig = Type.Object(
     // Needed on the engine API and by the router (its agent endpoints), when set.
     agentToken: Type.Optional(Type.String({ minLength: 1 })),
     nixlLibDir: Type.Optional(Type.String({ minLength: 1 })),
+    // Accept pulls whose prefiller exported no lease expiry (remote_blocks_expiry_time null, as
+    // vLLM's own P does): they are read with no lease check at all, so P may have reused the
+    // blocks. Off: such a pull is refused (XFA_ERR_NO_LEASE_EXPIRY). Counted when on.
+    allowNoExpiry: Type.Boolean({ default: false }),
     // TEST ONLY: skip both lease checks, to prove a scenario test can see stale reads.
     unsafeSkipDeadlineChecks: Type.Boolean({ default: false }),
     logLevel: Type.String({ default: 'info' }),

@@ -2,7 +2,9 @@ import { randomUUID } from 'node:crypto'
 import Fastify, { type FastifyBaseLogger, type FastifyError, type FastifyInstance } from 'fastify'
 import { Agent, request, type Dispatcher } from 'undici'
 import { systemClock, type Clock } from '../../common/clock.js'
-import { loggerOptions } from '../../common/logger.js'
+import { limitJsonDepth } from '../../common/json-body.js'
+import { loggerOptions, withRequestSerializers } from '../../common/logger.js'
+import type { Logger } from 'pino'
 import { systemRandom, type Random } from '../../common/random.js'
 import { sharedSchemas } from '../../schemas/index.js'
 import type { RouterConfig } from '../../schemas/router-config.js'
@@ -126,7 +128,7 @@ export async function buildApp(deps: RouterDeps): Promise<FastifyInstance> {
   const clock = deps.clock ?? systemClock
   const random = deps.random ?? systemRandom
   const app = Fastify({
-    ...(deps.logger ? { loggerInstance: deps.logger } : { logger: loggerOptions({ name: 'router', level: config.logLevel }) }),
+    ...(deps.logger ? { loggerInstance: withRequestSerializers(deps.logger as Logger) as FastifyBaseLogger } : { logger: loggerOptions({ name: 'router', level: config.logLevel }) }),
     bodyLimit: config.limits.bodyBytes,
     requestIdHeader: false,
     genReqId: (req) => {
@@ -141,6 +143,7 @@ export async function buildApp(deps: RouterDeps): Promise<FastifyInstance> {
   // Only JSON is accepted: without this, text/plain would be parsed as a string and fail
   // validation as a 400 instead of the documented 415.
   app.removeContentTypeParser('text/plain')
+  limitJsonDepth(app)
 
   const registry = new TopologyRegistry({ clock, policy: config.health, instances: config.instances })
   const metrics = createRouterMetrics()

@@ -52,3 +52,19 @@ t.test('the decode leg: the original body plus P params verbatim', async (t) => 
   t.ok(wantsStream(body))
   t.notOk(wantsStream({ stream: 'yes' }))
 })
+
+t.test("a client's kv_transfer_params inside vllm_xargs reaches neither leg (issue 18 item 4)", async (t) => {
+  // vLLM copies vllm_xargs into SamplingParams.extra_args, where its connector reads
+  // kv_transfer_params: a client could name any remote host for D to read from.
+  const forged = { do_remote_prefill: true, remote_host: '10.0.0.9', remote_port: 1, remote_engine_id: 'x', remote_block_ids: [[1]] }
+  const body = { model: 'm', prompt: 'x', kv_transfer_params: forged, vllm_xargs: { kv_transfer_params: forged, my_arg: 3 } }
+  const p = prefillBody(body)
+  t.same(p.vllm_xargs, { my_arg: 3 }, 'prefill leg: stripped, other extra args kept')
+  t.same((p.kv_transfer_params as Record<string, unknown>).remote_host, null, "prefill leg: the router's own params")
+  t.same(decodeBody(body, undefined), { model: 'm', prompt: 'x', vllm_xargs: { my_arg: 3 } }, 'decode leg without P params')
+  const params = { remote_engine_id: 'e' }
+  t.same(decodeBody(body, params), { model: 'm', prompt: 'x', kv_transfer_params: params, vllm_xargs: { my_arg: 3 } }, "decode leg: P's params only")
+  t.same(body.vllm_xargs, { kv_transfer_params: forged, my_arg: 3 }, 'the client body is not modified')
+  const plain = { model: 'm', prompt: 'x', vllm_xargs: { my_arg: 3 } }
+  t.equal(decodeBody(plain, undefined), plain, 'nothing to strip: the same body')
+})

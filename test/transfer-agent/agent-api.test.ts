@@ -45,11 +45,11 @@ const pullBody = (p: Pair, over: Record<string, unknown>) => ({
 
 t.test('agent API with real processes', { skip }, async (t) => {
   // Every agent this test needs, started together: a pair, one with an agent token (also
-  // never attached) and a second decoder with the unsafe test switch.
+  // never attached) and a second decoder with the unsafe test switch and --allow-no-expiry.
   const [p, A, D2] = await Promise.all([
     pair(t, 'main'),
     startAgent(t, ['--lease-seconds', String(LEASE_S), '--agent-token', 's3cret']),
-    startAgent(t, ['--lease-seconds', String(LEASE_S), '--unsafe-skip-deadline-checks'], { HANDOFF_ALLOW_UNSAFE: '1' }),
+    startAgent(t, ['--lease-seconds', String(LEASE_S), '--unsafe-skip-deadline-checks', '--allow-no-expiry'], { HANDOFF_ALLOW_UNSAFE: '1' }),
   ])
   const { P, D, pr, dr } = p
 
@@ -114,6 +114,11 @@ t.test('agent API with real processes', { skip }, async (t) => {
     await expect('lease block twice', P.call('POST', '/v1/leases', { requestId: 'x', blockIds: [1, 1] }), 400, 'XFA_ERR_INVALID_ARG')
     const oob = await D.call('POST', '/v1/pulls', pullBody(p, { requestId: 'd-oob', localBlockIds: [10, layout.numBlocks] }))
     t.match(oob, { status: 400, body: { error: { code: 'XFA_ERR_INVALID_ARG' }, invalidBlockIds: [10, layout.numBlocks], tainted: false } }, 'pull block out of range')
+    // No lease expiry (vLLM's own P exports null): nothing says P still holds the blocks (issue 18).
+    const noExpiry = await D.call('POST', '/v1/pulls', pullBody(p, { requestId: 'd-noexp' }))
+    t.match(noExpiry, { status: 400, body: { error: { code: 'XFA_ERR_NO_LEASE_EXPIRY' }, invalidBlockIds: [10, 11], tainted: false } }, 'pull without an expiry')
+    t.ok(await waitEvent(D, (e) => e.type === 'pull_quiesced' && e.requestId === 'd-noexp', 1_000), 'pull_quiesced for the refused pull')
+    t.equal(await D.metric('handoff_agent_pulls_without_expiry_total'), 0)
 
     t.equal((await P.call('POST', '/v1/leases', { requestId: 'r-a', blockIds: [40, 41] })).status, 201)
     await expect('blocks already leased', P.call('POST', '/v1/leases', { requestId: 'r-b', blockIds: [41, 42] }), 409, 'XFA_ERR_BLOCKS_LEASED')
@@ -162,6 +167,11 @@ t.test('agent API with real processes', { skip }, async (t) => {
     // The test switch: a lease that ended long ago is read anyway (both checks off).
     const stale = await D2.call('POST', '/v1/pulls', pullBody(p, { requestId: 'd-stale', remoteRequestId: 'r-stale', remoteBlockIds: [5], localBlockIds: [7], remoteBlocksExpiryTime: lease.body.expiresAt - 600 }))
     t.equal(stale.status, 200, 'stale read let through by --unsafe-skip-deadline-checks')
+
+    // --allow-no-expiry: a pull naming no expiry is read, unchecked, and counted.
+    const unchecked = await D2.call('POST', '/v1/pulls', pullBody(p, { requestId: 'd-noexp2', remoteRequestId: 'r-noexp2', remoteBlockIds: [5], localBlockIds: [8] }))
+    t.equal(unchecked.status, 200, JSON.stringify(unchecked.body))
+    t.equal(await D2.metric('handoff_agent_pulls_without_expiry_total'), 1)
   })
 
   await t.test('--unsafe-skip-deadline-checks without HANDOFF_ALLOW_UNSAFE=1 exits 2', async (t) => {

@@ -323,11 +323,33 @@ t.test('checkDeadlines: false (the test switch) lets a stale read through', asyn
   h.clean()
 })
 
-t.test('no expiry exported (null): nothing to check', async (t) => {
+t.test('no expiry exported (null): refused before the handshake, its blocks quiesced at once (issue 18)', async (t) => {
   const h = harness(t, { autoRead: true })
   const p = h.start(h.request({ remoteBlocksExpiryTime: null }))
   await p.promise
+  t.match(p.failure, { error: { code: 'XFA_ERR_NO_LEASE_EXPIRY', statusCode: 400 }, invalidBlockIds: [10, 11], tainted: false })
+  t.equal(h.handshakes(), 0, 'no handshake')
+  t.equal(h.reads.length, 0, 'no READ')
+  t.same(h.quiesced, [{ requestId: 'd-1', blockIds: [10, 11] }], 'one pull_quiesced, as for every refusal')
+  t.same(h.gaveUp, [], 'refused before it started: P is not told')
+  t.same(h.reports, [], 'not an accepted pull')
+  // A bad request stays a bad request: the region checks come first.
+  const q = h.start(h.request({ requestId: 'd-2', remoteBlocksExpiryTime: null, localBlockIds: [10, NUM_BLOCKS] }))
+  await q.promise
+  t.match(q.failure, { error: { code: 'XFA_ERR_INVALID_ARG' } })
+  h.clean()
+})
+
+t.test('allowNoExpiry: a pull without an expiry is read with no lease check, and reported as such', async (t) => {
+  const h = harness(t, { autoRead: true, allowNoExpiry: true })
+  const p = h.start(h.request({ remoteBlocksExpiryTime: null }))
+  await p.promise
   t.ok(p.done)
+  t.equal(h.reads.length, 1)
+  t.match(h.reports, [{ outcome: 'ok', noExpiry: true }])
+  const q = h.start(h.request({ requestId: 'd-2', remoteRequestId: 'r-2' }))
+  await q.promise
+  t.match(h.reports[1], { outcome: 'ok', noExpiry: false }, 'a pull with an expiry is not counted')
   h.clean()
 })
 

@@ -94,6 +94,7 @@ export class TransferAgent {
       safetyMs: config.safetyMs ?? DEFAULT_SAFETY_MS,
       readTimeoutMs: config.readTimeoutMs,
       checkDeadlines: !config.unsafeSkipDeadlineChecks,
+      allowNoExpiry: config.allowNoExpiry,
       onQuiesced: (requestId, blockIds) => {
         this.events.push({ type: 'pull_quiesced', requestId, blockIds: [...blockIds] })
         metrics.engineEventsPending.set(this.events.pending)
@@ -268,6 +269,7 @@ export class TransferAgent {
   #settled(r: PullReport): void {
     const { metrics, log } = this.#d
     metrics.pulls.inc({ outcome: r.outcome })
+    if (r.noExpiry) metrics.pullsWithoutExpiry.inc()
     if (r.expired) metrics.kvExpired.inc({ reason: r.expired.reason, check: r.expired.at })
     if (r.outcome === 'ok') {
       metrics.readBytes.inc(r.bytes)

@@ -1,16 +1,20 @@
 import { bearerChecker } from '../../common/bearer.js'
-import Fastify, { type FastifyBaseLogger, type FastifyError, type FastifyInstance } from 'fastify'
+import { limitJsonDepth } from '../../common/json-body.js'
+import { redactQuery, withRequestSerializers } from '../../common/logger.js'
+import Fastify, { type FastifyBaseLogger, type FastifyError, type FastifyInstance, type FastifyPluginAsync } from 'fastify'
 import type { Logger } from 'pino'
 import { sharedSchemas } from '../../schemas/index.js'
-import type { AgentAttach, LeaseRequest, PeerGoneRequest, PullRequest } from '../../schemas/agent-api.js'
 import type { TransferAgent } from './agent.js'
 import { isXfaError, xfaError } from './errors.js'
 import type { AgentMetrics } from './metrics.js'
-import { isPullFailure } from './pulls.js'
+import { engineRoutes } from './routes/engine.js'
+import { peerRoutes } from './routes/peers.js'
+import { probeRoutes } from './routes/probes.js'
 
 /**
- * The agent's HTTP surface: the engine's API (attach, leases, pulls, events), the peers'
- * handshake, peer_gone, health and metrics. One listener; every body is checked against
+ * The agent's HTTP surface, one listener composed of three plugins: the probes (health,
+ * metrics; public), the engine's API (routes/engine.ts) and the peers' (routes/peers.ts), each
+ * of those two in its own agent-token scope. Every body is checked against
  * schemas/agent-api.ts and every failure answers `{error: {code, message}}`.
  */
 export interface AgentAppDeps {
@@ -26,23 +30,17 @@ export function buildAgentApp(deps: AgentAppDeps): FastifyInstance {
   const { agent, metrics } = deps
   const maxPollMs = deps.maxPollMs ?? 30_000
   const app = Fastify({
-    loggerInstance: deps.logger as FastifyBaseLogger,
+    loggerInstance: withRequestSerializers(deps.logger) as FastifyBaseLogger,
     bodyLimit: 16 * 1024 * 1024,
     disableRequestLogging: true,
     ajv: { customOptions: { removeAdditional: false, coerceTypes: false, useDefaults: true, allErrors: false } },
   })
   for (const s of sharedSchemas) app.addSchema(s)
-
-  const check = bearerChecker(deps.agentToken !== undefined ? [deps.agentToken] : [])
-  if (check) {
-    app.addHook('onRequest', async (request) => {
-      if (!request.url.startsWith('/v1/')) return
-      if (!check(request)) throw xfaError('XFA_ERR_UNAUTHORIZED', 'missing or wrong agent token')
-    })
-  }
+  limitJsonDepth(app)
 
   app.setErrorHandler((err: FastifyError, request, reply) => {
-    if (err.validation) {
+    // A body that is no JSON, empty, or nested too deep is a caller mistake like a bad field.
+    if (err.validation || err instanceof SyntaxError || err.code === 'FST_ERR_CTP_INVALID_JSON_BODY' || err.code === 'FST_ERR_CTP_EMPTY_JSON_BODY') {
       const e = xfaError('XFA_ERR_INVALID_ARG', err.message)
       return reply.code(400).send({ error: { code: e.code, message: e.message } })
     }
@@ -52,65 +50,36 @@ export function buildAgentApp(deps: AgentAppDeps): FastifyInstance {
     return reply.code(status).send({ error: { code, message: err.message } })
   })
   app.setNotFoundHandler((request, reply) => {
-    const e = xfaError('XFA_ERR_NOT_FOUND', `${request.method} ${request.url}`)
+    const e = xfaError('XFA_ERR_NOT_FOUND', `${request.method} ${redactQuery(request.url)}`)
     return reply.code(404).send({ error: { code: e.code, message: e.message } })
   })
 
-  app.get('/health', async () => ({ status: 'ok', agentId: agent.agentId, attached: agent.attachment !== undefined }))
-  app.get('/metrics', async (_request, reply) => {
-    agent.refreshGauges()
-    return reply.type(metrics.registry.contentType).send(await metrics.registry.metrics())
-  })
-  app.get('/v1/status', async () => agent.status())
-
-  app.post<{ Body: AgentAttach }>('/v1/engine/attach', { schema: { body: { $ref: 'AgentAttach#' } } }, async (request) => agent.attach(request.body))
-
-  app.post<{ Body: LeaseRequest }>('/v1/leases', { schema: { body: { $ref: 'LeaseRequest#' } } }, async (request, reply) => {
-    const { requestId, blockIds, consumers } = request.body
-    return reply.code(201).send(agent.lease(requestId, blockIds, consumers))
-  })
-  app.delete<{ Params: { requestId: string } }>('/v1/leases/:requestId', async (request) => ({ released: agent.release(request.params.requestId) }))
-
-  app.post<{ Body: PullRequest }>('/v1/pulls', { schema: { body: { $ref: 'PullRequest#' } } }, async (request, reply) => {
-    // The engine closing its call (its request was aborted) cancels the READ.
-    const gone = new AbortController()
-    const onClose = (): void => {
-      if (!reply.raw.writableEnded) gone.abort(xfaError('XFA_ERR_PULL_CANCELED', 'the engine closed the call'))
-    }
-    reply.raw.once('close', onClose)
-    try {
-      return await agent.pull(request.body, gone.signal)
-    } catch (err) {
-      if (!isPullFailure(err)) throw err
-      const { error, invalidBlockIds, tainted } = err
-      return reply.code(error.statusCode ?? 500).send({ error: { code: error.code, message: error.message }, invalidBlockIds, tainted })
-    }
-  })
-
-  // Query values arrive as text and this app never coerces types: digits only, converted here.
-  const digits = { type: 'string', pattern: '^[0-9]{1,15}$' }
-  app.get<{ Querystring: { after?: string; waitMs?: string } }>(
-    '/v1/engine/events',
-    { schema: { querystring: { type: 'object', properties: { after: digits, waitMs: digits }, additionalProperties: false } } },
-    async (request, reply) => {
-      const gone = new AbortController()
-      reply.raw.once('close', () => gone.abort())
-      const after = Number(request.query.after ?? 0)
-      const waitMs = Math.min(Number(request.query.waitMs ?? 0), maxPollMs)
-      const events = await agent.events.poll(after, waitMs, gone.signal)
-      return { agentId: agent.agentId, events, last: events.length > 0 ? (events[events.length - 1]?.seq ?? after) : Math.max(after, 0) }
-    },
-  )
-
-  app.get('/v1/peer/handshake', async () => agent.handshakeAnswer())
-
-  app.post<{ Body: PeerGoneRequest }>('/v1/peers/gone', { schema: { body: { $ref: 'PeerGoneRequest#' } } }, async (request, reply) => {
-    await agent.peerGone(request.body)
-    return reply.code(200).send({ applied: true })
-  })
+  // Probes are the only public routes. Every other route lives in a scope that checks the
+  // token in its own onRequest hook, which runs after routing and so guards exactly the
+  // routes of that scope whatever the request target looked like (issue 18: a prefix test on
+  // request.url missed absolute-form and percent-encoded targets that the router matches).
+  const check = bearerChecker(deps.agentToken !== undefined ? [deps.agentToken] : [])
+  void app.register(probeRoutes, { agent, metrics })
+  void app.register(guarded(engineRoutes, check), { agent, maxPollMs })
+  void app.register(guarded(peerRoutes, check), { agent })
 
   app.addHook('preClose', async () => {
     await agent.close()
   })
   return app
+}
+
+/**
+ * `routes` in an encapsulated scope of its own whose every route needs the agent token (when
+ * one is set): the check is the scope's onRequest hook, never a test on the URL.
+ */
+function guarded<O extends object>(routes: FastifyPluginAsync<O>, check: ReturnType<typeof bearerChecker>): FastifyPluginAsync<O> {
+  return async (scope, opts) => {
+    if (check) {
+      scope.addHook('onRequest', async (request) => {
+        if (!check(request)) throw xfaError('XFA_ERR_UNAUTHORIZED', 'missing or wrong agent token')
+      })
+    }
+    await scope.register(routes, opts)
+  }
 }

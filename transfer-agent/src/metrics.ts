@@ -19,6 +19,11 @@ export function createAgentMetrics() {
       labelNames: ['reason', 'check'] as const,
       registers,
     }),
+    pullsWithoutExpiry: new Counter({
+      name: 'handoff_agent_pulls_without_expiry_total',
+      help: 'Pulls accepted with no lease expiry (--allow-no-expiry), read with no lease check',
+      registers,
+    }),
     readBytes: new Counter({ name: 'handoff_agent_read_bytes_total', help: 'KV bytes READ from prefillers', registers }),
     readSeconds: new Histogram({ name: 'handoff_agent_read_seconds', help: 'NIXL READ time of a pull', buckets: fast, registers }),
     beforeReadSeconds: new Histogram({

@@ -9,7 +9,8 @@ import type { PeerLease, PeerRegion, PeerTable } from './peers.js'
 /**
  * The decoder's pull (DESIGN "Transfer agent"): one engine request's blocks READ from a
  * prefiller, under P's lease. In order:
- * 1. check the request against the attached region (ids in range, one pull per request id);
+ * 1. check the request against the attached region (ids in range, one pull per request id)
+ *    and that it names P's lease expiry (unless allowNoExpiry);
  * 2. start the heartbeat record (heartbeats are due from here until the READ is done);
  * 3. take a peer lease (handshake once per engine_id), prepare P's region once per handshake;
  * 4. check P's lease on our clock, post the READ, and check again when it completes, so a
@@ -53,6 +54,8 @@ export interface PullReport {
   readMicros: number | undefined
   pullMs: number
   tainted: boolean
+  /** Read with no lease check: P exported no expiry (allowNoExpiry only). */
+  noExpiry: boolean
 }
 
 export interface PullerOptions {
@@ -67,6 +70,11 @@ export interface PullerOptions {
   readTimeoutMs: number
   /** False only for the test switch that proves the scenario tests can see stale reads. */
   checkDeadlines: boolean
+  /**
+   * Read a pull that names no lease expiry (P exported none) with no lease check; without
+   * this such a pull is refused, since nothing says P still holds the blocks (issue 18).
+   */
+  allowNoExpiry?: boolean
   /** Once per failed pull, when its destination blocks may be reused (after quiescence). */
   onQuiesced: (requestId: string, blockIds: readonly number[]) => void
   /**
@@ -134,7 +142,7 @@ export class Puller {
         ? xfaError('XFA_ERR_PULL_EXISTS', req.requestId)
         : o.heartbeats.get(req.remoteEngineId, req.remoteRequestId)
           ? xfaError('XFA_ERR_PULL_EXISTS', `remote request ${req.remoteRequestId} is being pulled by another request`)
-          : validate(req, target)
+          : (validate(req, target) ?? this.#noExpiry(req))
     if (refused || !target) {
       // Nothing was read: the engine may reuse the blocks at once (one event per failed pull),
       // except for a duplicate of a pull in flight, whose event would name the other pull.
@@ -152,6 +160,7 @@ export class Puller {
       readMicros: undefined,
       pullMs: 0,
       tainted: false,
+      noExpiry: req.remoteBlocksExpiryTime === null,
     }
     let peer: PeerLease | undefined
     let expiry: LocalExpiry | undefined
@@ -206,6 +215,14 @@ export class Puller {
     if (last !== undefined && now - last < this.#o.leaseMs / 2) return
     this.#clockSuspected.set(peer.engineId, now)
     void this.#o.peers.resampleClock(peer.engineId)
+  }
+
+  /** A pull with no expiry to check, unless the agent was told to accept those. */
+  #noExpiry(req: PullRequest): XfaError | undefined {
+    if (req.remoteBlocksExpiryTime !== null || this.#o.allowNoExpiry) return undefined
+    return xfaError('XFA_ERR_NO_LEASE_EXPIRY', `${req.remoteEngineId}/${req.remoteRequestId}: the prefiller exported no remote_blocks_expiry_time (start the agent with --allow-no-expiry to read such pulls unchecked)`, {
+      engineId: req.remoteEngineId,
+    })
   }
 
   /** The lease check; a decline throws XFA_ERR_KV_EXPIRED with the reason. */

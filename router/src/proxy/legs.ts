@@ -19,7 +19,7 @@ export function prefillBody(body: Body): Body {
     stop_token_ids: _sti,
     best_of: _bo,
     ...rest
-  } = body
+  } = withoutClientParams(body)
   const out: Body = { ...rest, kv_transfer_params: { ...PREFILL_REQUEST_PARAMS }, stream: false, max_tokens: 1, ignore_eos: true, n: 1 }
   if (body.max_completion_tokens !== undefined && body.max_completion_tokens !== null) out.max_completion_tokens = 1
   return out
@@ -30,12 +30,26 @@ export function prefillBody(body: Body): Body {
  * verbatim, never rebuilt field by field. Without params D prefills locally.
  */
 export function decodeBody(body: Body, params: Record<string, unknown> | undefined): Body {
-  if (params === undefined) {
-    if (body.kv_transfer_params === undefined) return body
-    const { kv_transfer_params: _k, ...rest } = body
-    return rest
+  const own = withoutClientParams(body)
+  return params === undefined ? own : { ...own, kv_transfer_params: params }
+}
+
+/**
+ * The body without any kv_transfer_params the client sent: at the top level, and inside
+ * `vllm_xargs`, which vLLM copies into SamplingParams.extra_args where its connector reads
+ * kv_transfer_params too (issue 18): either would let a client name the host D reads from.
+ * The same object when there is nothing to drop.
+ */
+function withoutClientParams(body: Body): Body {
+  const xargs = body.vllm_xargs
+  const inXargs = typeof xargs === 'object' && xargs !== null && !Array.isArray(xargs) && 'kv_transfer_params' in xargs
+  if (body.kv_transfer_params === undefined && !inXargs) return body
+  const { kv_transfer_params: _k, ...rest } = body
+  if (inXargs) {
+    const { kv_transfer_params: _x, ...others } = xargs as Body
+    rest.vllm_xargs = others
   }
-  return { ...body, kv_transfer_params: params }
+  return rest
 }
 
 /** Whether the client asked for a streamed answer. */

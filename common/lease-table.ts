@@ -30,6 +30,14 @@ export interface LeaseTableOptions<T> {
   onEnd: (lease: Lease<T>, reason: LeaseEndReason) => void
   /** How often the reaper runs; default a tenth of the lease, at least 10 ms. */
   reapIntervalMs?: number
+  /**
+   * Runs each periodic reap after the I/O already waiting (the agent passes `setImmediate`).
+   * A busy prefiller's timers fire before the poll phase that delivers the notifications its
+   * NIXL thread already received, so a reap straight from the timer would end a lease whose
+   * extension is queued behind it (issue 17 item 1, a slow P), and D, which counted on that
+   * heartbeat, would read reused blocks. Default: reap at once (a ManualClock in tests).
+   */
+  defer?: (fn: () => void) => void
 }
 
 export class LeaseTable<T> {
@@ -37,6 +45,7 @@ export class LeaseTable<T> {
   readonly #leaseMs: number
   readonly #onEnd: LeaseTableOptions<T>['onEnd']
   readonly #reapIntervalMs: number
+  readonly #defer: ((fn: () => void) => void) | undefined
   readonly #leases = new Map<string, Lease<T>>()
   #reaper: Every | undefined
 
@@ -46,6 +55,7 @@ export class LeaseTable<T> {
     this.#leaseMs = opts.leaseMs
     this.#onEnd = opts.onEnd
     this.#reapIntervalMs = opts.reapIntervalMs ?? Math.max(10, opts.leaseMs / 10)
+    this.#defer = opts.defer
   }
 
   get size(): number {
@@ -117,8 +127,18 @@ export class LeaseTable<T> {
   /** Runs the reaper periodically on the injected clock until `stop()`. */
   start(): void {
     if (this.#reaper) return
+    const defer = this.#defer
     this.#reaper = every(this.#clock, this.#reapIntervalMs, () => {
-      this.reap()
+      if (!defer) {
+        this.reap()
+        return
+      }
+      return new Promise<void>((resolve) =>
+        defer(() => {
+          this.reap()
+          resolve()
+        }),
+      )
     })
   }
 

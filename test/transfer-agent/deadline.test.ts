@@ -245,6 +245,8 @@ t.test('why a gap may only be bound − margin: a full-bound gap plus a slow del
  * 20 random probes while the pull is live.
  */
 interface Tally {
+  releasedBeforeDispatch: number
+  releasedUnderPull: number
   checks: number
   oks: number
   oksPastE0: number
@@ -257,7 +259,21 @@ interface Tally {
 type Check = (now: number, input: LeaseInput) => boolean
 const realCheck: Check = (now, input) => checkLease(now, input).ok
 
-function runSchedule(seed: number, leaseMs: number, check: Check, out: Tally): void {
+/**
+ * What else acts on P's lease besides expiry (issue 17 item 1):
+ * - `router`: `undispatched` releases some leases before D was sent the params (the rule the
+ *   ledger keeps: D then never pulls); `any` also releases leases D is reading (the broken
+ *   rule: a router acting on its own inference, D marked down or its leg failed).
+ * - `slowP`: P applies the notifications that reached it only after a processing delay (a
+ *   busy event loop, up to 1.5 leases) while its reaper keeps its schedule; `drain_first` applies the ones that
+ *   arrived before each reap (common/lease-table.ts `defer`), `reap_first` reaps first.
+ */
+interface Model {
+  router?: 'undispatched' | 'any'
+  slowP?: 'drain_first' | 'reap_first'
+}
+
+function runSchedule(seed: number, leaseMs: number, check: Check, out: Tally, model: Model = {}): void {
   const rnd = seededRandom(seed)
   const r = (lo: number, hi: number): number => lo + (hi - lo) * rnd.next()
   const clock = new ManualClock({ monotonic: r(0, 1e6) })
@@ -273,6 +289,17 @@ function runSchedule(seed: number, leaseMs: number, check: Check, out: Tally): v
   })
   const registry = new HeartbeatRegistry({ clock })
   const id = `r${seed}`
+  // Notifications that reached P, not yet applied (slowP): arrival time, in order.
+  const queued: number[] = []
+  const apply = (): void => {
+    queued.shift()
+    table.heartbeat(id)
+  }
+  /** P's reaper, with the slow-P rule in force. */
+  const reap = (): void => {
+    if (model.slowP === 'drain_first') while (queued.length > 0 && (queued[0] as number) <= clock.monotonic()) apply()
+    table.reap()
+  }
 
   // Handshake: P reads its clock `out` after the request left, the reply takes `back`.
   const sentAt = clock.monotonic()
@@ -285,6 +312,13 @@ function runSchedule(seed: number, leaseMs: number, check: Check, out: Tally): v
   const lease = table.pin(id, null)
   const e0True = lease.deadline
   const expiry = toLocalExpiry((lease.deadline + pEpochMs) / 1000, sample)
+  if (model.router && rnd.next() < 0.3) {
+    // The client left, or the lease lapsed, before the decode leg: released, never dispatched.
+    table.release(id)
+    out.releasedBeforeDispatch++
+    clock.advance(6 * leaseMs)
+    return
+  }
   clock.advance(r(0, leaseMs / 3)) // the router hop to D
   registry.start('p0', id)
   live = true
@@ -298,7 +332,7 @@ function runSchedule(seed: number, leaseMs: number, check: Check, out: Tally): v
 
   const probe = (what: string): boolean => {
     if (!live) return false
-    table.reap()
+    reap()
     const now = clock.monotonic()
     out.checks++
     if (!check(now, input())) return false
@@ -319,8 +353,16 @@ function runSchedule(seed: number, leaseMs: number, check: Check, out: Tally): v
     registry.sent('p0', id, ok)
     if (ok) {
       clock.setTimeout(() => {
-        table.reap()
-        table.heartbeat(id)
+        if (!model.slowP) {
+          reap()
+          table.heartbeat(id)
+          return
+        }
+        // Reached P; applied when P's loop gets to it, up to a lease and a half later.
+        queued.push(clock.monotonic())
+        clock.setTimeout(() => {
+          if (queued.length > 0) apply()
+        }, r(0, 1.5 * leaseMs))
       }, delay())
     }
     probe('heartbeat')
@@ -340,14 +382,30 @@ function runSchedule(seed: number, leaseMs: number, check: Check, out: Tally): v
     }, r(0, leaseMs / 2))
   }, r(0, 2 * leaseMs))
   for (let i = 0; i < 20; i++) clock.setTimeout(() => probe('probe'), r(0, 2.5 * leaseMs))
+  if (model.slowP) {
+    // P's own reaper, on its schedule whatever else is queued.
+    const tick = (): void => {
+      reap()
+      clock.setTimeout(tick, leaseMs / 10)
+    }
+    clock.setTimeout(tick, leaseMs / 10)
+  }
+  if (model.router === 'any') {
+    // The broken rule: the router ends the lease while D may be reading.
+    clock.setTimeout(() => {
+      if (!live || !table.get(id)) return
+      table.release(id)
+      out.releasedUnderPull++
+    }, r(0, 2 * leaseMs))
+  }
   clock.advance(6 * leaseMs)
 }
 
 const SCHEDULES = 2_000
 
-function tally(leaseMs: number, check: Check): Tally {
-  const out: Tally = { checks: 0, oks: 0, oksPastE0: 0, reads: 0, readsOk: 0, reapedUnderPull: 0, violations: [] }
-  for (let seed = 1; seed <= SCHEDULES; seed++) runSchedule(seed * 7919 + leaseMs, leaseMs, check, out)
+function tally(leaseMs: number, check: Check, model: Model = {}): Tally {
+  const out: Tally = { releasedBeforeDispatch: 0, releasedUnderPull: 0, checks: 0, oks: 0, oksPastE0: 0, reads: 0, readsOk: 0, reapedUnderPull: 0, violations: [] }
+  for (let seed = 1; seed <= SCHEDULES; seed++) runSchedule(seed * 7919 + leaseMs, leaseMs, check, out, model)
   return out
 }
 
@@ -366,6 +424,15 @@ for (const leaseMs of [1_000, 4_000]) {
   })
 }
 
+t.test(`property: router releases of undispatched leases and a slow P that drains before it reaps keep D safe (${SCHEDULES} schedules)`, async (t) => {
+  const out = tally(4_000, realCheck, { router: 'undispatched', slowP: 'drain_first' })
+  t.comment(JSON.stringify({ ...out, violations: out.violations.length }))
+  t.same(out.violations.slice(0, 5), [], 'no ok after P ended the lease')
+  t.ok(out.releasedBeforeDispatch > SCHEDULES / 5, `the router released leases (${out.releasedBeforeDispatch})`)
+  t.ok(out.readsOk > SCHEDULES / 20, `some reads succeed (${out.readsOk})`)
+  t.ok(out.oksPastE0 > 0, 'queued heartbeats still carried reads past the original expiry')
+})
+
 t.test('property harness has teeth: broken rules are caught', async (t) => {
   const broken: Record<string, Check> = {
     'ignores failed sends': (now, input) =>
@@ -381,4 +448,10 @@ t.test('property harness has teeth: broken rules are caught', async (t) => {
     t.ok(out.violations.length > 0, `${name}: ${out.violations.length} violations`)
   }
   t.equal(tally(4_000, () => false).readsOk, 0, 'an always-failing check would fail the "some reads succeed" assertion')
+  // The rules outside D's check: a router that releases leases D is reading, and a P that
+  // reaps before applying the heartbeats that reached it.
+  const released = tally(4_000, realCheck, { router: 'any' })
+  t.ok(released.releasedUnderPull > 0 && released.violations.length > 0, `router releases under a pull: ${released.violations.length} violations`)
+  const reapFirst = tally(4_000, realCheck, { slowP: 'reap_first' })
+  t.ok(reapFirst.violations.length > 0, `a slow P that reaps first: ${reapFirst.violations.length} violations`)
 })

@@ -176,6 +176,8 @@ export class TransferAgent {
       clock,
       leaseMs: this.#leaseMs,
       numBlocks: req.numBlocks,
+      // Heartbeats the NIXL thread already received are applied before a lease is reaped.
+      deferReap: setImmediate,
       onEnd: (requestId, blockIds, reason) => {
         metrics.leasesEnded.inc({ reason })
         metrics.leases.set(this.#leases?.size ?? 0)

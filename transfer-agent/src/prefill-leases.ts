@@ -15,6 +15,8 @@ export interface PrefillLeasesOptions {
   numBlocks: number
   /** Called once per ended lease: the engine may reuse `blockIds` now. */
   onEnd: (requestId: string, blockIds: readonly number[], reason: LeaseEndReason, lease: Lease<readonly number[]>) => void
+  /** The reaper runs after pending I/O (LeaseTableOptions.defer); the agent passes setImmediate. */
+  deferReap?: (fn: () => void) => void
 }
 
 export interface HeartbeatOutcome {
@@ -35,6 +37,7 @@ export class PrefillLeases {
     this.#table = new LeaseTable<readonly number[]>({
       clock: opts.clock,
       leaseMs: opts.leaseMs,
+      ...(opts.deferReap ? { defer: opts.deferReap } : {}),
       onEnd: (lease, reason) => {
         for (const b of lease.value) this.#owner.delete(b)
         opts.onEnd(lease.id, lease.value, reason, lease)

@@ -85,6 +85,31 @@ export const PullRequest = Type.Object(
 )
 export type PullRequest = Static<typeof PullRequest>
 
+/**
+ * POST /v1/pulls/expected: the engine learned of a request it will pull (vLLM's scheduler
+ * heartbeats such a request from then on), and says so again every heartbeat interval while
+ * it waits. The agent heartbeats P for it until the pull takes over or the expectation lapses.
+ */
+export const PullExpected = Type.Object(
+  {
+    remoteEngineId: Id,
+    remoteRequestId: Id,
+    remoteHost: Type.String({ minLength: 1, maxLength: 253 }),
+    remotePort: Type.Integer({ minimum: 1, maximum: 65535 }),
+  },
+  { $id: 'PullExpected', additionalProperties: false },
+)
+export type PullExpected = Static<typeof PullExpected>
+
+export const PullExpectation = Type.Object(
+  {
+    // How long the agent keeps heartbeating without hearing again: say it again sooner.
+    ttlMs: Type.Number(),
+  },
+  { $id: 'PullExpectation', additionalProperties: false },
+)
+export type PullExpectation = Static<typeof PullExpectation>
+
 export const PullDone = Type.Object(
   {
     requestId: Type.String(),

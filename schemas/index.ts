@@ -9,6 +9,8 @@ import {
   PeerGoneRequest,
   PeerHandshake,
   PullDone,
+  PullExpected,
+  PullExpectation,
   PullFailed,
   PullRequest,
 } from './agent-api.js'
@@ -54,6 +56,8 @@ export const sharedSchemas: readonly TSchema[] = [
   LeaseRequest,
   LeaseGranted,
   PullRequest,
+  PullExpected,
+  PullExpectation,
   PullDone,
   PullFailed,
   AgentEvent,

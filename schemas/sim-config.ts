@@ -32,6 +32,12 @@ export const SimConfig = Type.Object(
     defaultMaxTokens: Type.Integer({ minimum: 1, default: 16 }),
     prefillDelayMs: Type.Number({ minimum: 0, default: 0 }),
     decodeDelayMs: Type.Number({ minimum: 0, default: 0 }),
+    // A decode leg waits this long before it loads its KV (`--kv agent`), as a busy vLLM
+    // decoder queues a request (WAITING_FOR_REMOTE_KVS). Meanwhile it tells its agent it will
+    // pull (every lease/6, as vLLM's scheduler heartbeats such a request), unless
+    // skipPullExpectations: then the wait gets no heartbeat credit (before issue 17 item 4).
+    decodeQueueMs: Type.Number({ minimum: 0, default: 0 }),
+    skipPullExpectations: Type.Boolean({ default: false }),
     // Advertised as remote_host/remote_port (vLLM: VLLM_NIXL_SIDE_CHANNEL_HOST/PORT).
     sideChannelHost: Type.String({ default: '127.0.0.1' }),
     sideChannelPort: Type.Integer({ minimum: 0, maximum: 65535, default: 5600 }),

@@ -1,7 +1,7 @@
 import type { ValidateFunction } from 'ajv'
 import { Agent, type Dispatcher } from 'undici'
 import { errorWithDetails } from '../../common/coded-error.js'
-import type { AgentAttach, AgentAttached, AgentEvents, LeaseGranted, LeaseRequest, PullDone, PullRequest } from '../../schemas/agent-api.js'
+import type { AgentAttach, AgentAttached, AgentEvents, LeaseGranted, LeaseRequest, PullDone, PullExpected, PullExpectation, PullRequest } from '../../schemas/agent-api.js'
 import { createAjv, describeErrors } from '../../schemas/ajv.js'
 import { simErrors } from './errors.js'
 
@@ -94,6 +94,11 @@ export class AgentClient {
    */
   pull(body: PullRequest, signal: AbortSignal): Promise<PullDone> {
     return this.#call('POST', '/v1/pulls', body, this.#validate.pull, { timeoutMs: 0, signal })
+  }
+
+  /** The engine will pull P's request later: the agent heartbeats it meanwhile. */
+  expect(body: PullExpected, signal?: AbortSignal): Promise<PullExpectation> {
+    return this.#call('POST', '/v1/pulls/expected', body, undefined, { timeoutMs: this.#timeoutMs, signal })
   }
 
   /** Long poll: events after `after`, waiting up to `waitMs` for one. */

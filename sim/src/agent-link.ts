@@ -6,7 +6,7 @@ import type { AgentAttach, AgentEvent } from '../../schemas/agent-api.js'
 import { isAgentCallError, type AgentClient } from './agent-client.js'
 import type { BlockAllocator } from './block-allocator.js'
 import { SIM_ERR_AGENT_NOT_READY } from './errors.js'
-import type { KvPull, KvTransport } from './kv-source.js'
+import type { KvPull, KvTransport, RemoteKv } from './kv-source.js'
 import type { SimMetrics } from './metrics.js'
 
 export interface AgentLinkOptions {
@@ -159,6 +159,13 @@ export class AgentLink implements KvTransport {
   release(requestId: string): void {
     this.#client.release(requestId, this.#stop.signal).catch((err: unknown) => {
       this.#o.log.warn({ err, requestId }, 'releasing a lease failed; it ends at its expiry')
+    })
+  }
+
+  expect(remote: RemoteKv): void {
+    const body = { remoteEngineId: remote.remoteEngineId, remoteRequestId: remote.remoteRequestId, remoteHost: remote.remoteHost, remotePort: remote.remotePort }
+    this.#client.expect(body, this.#stop.signal).catch((err: unknown) => {
+      this.#o.log.debug({ err, remoteRequestId: remote.remoteRequestId }, 'telling the agent about a pull to come failed; its wait gets no heartbeat credit')
     })
   }
 

@@ -24,6 +24,12 @@ export interface EngineOptions {
   /** SimConfig.vllmCompat: `legacy` imitates vLLM before remote_request_id. */
   vllmCompat: 'current' | 'legacy'
   prefillDelayMs: number
+  /** A decode leg's wait before it loads its KV (SimConfig.decodeQueueMs). */
+  decodeQueueMs?: number
+  /** Tell the agent about the pull while waiting (SimConfig.announcePulls, default true). */
+  announcePulls?: boolean
+  /** The lease, for how often to say it again (lease/6, vLLM's heartbeat interval). */
+  leaseSeconds?: number
   sideChannelHost: string
   sideChannelPort: number
   clock: Clock
@@ -269,6 +275,7 @@ export class SimEngine {
       agentCode = 'SIM_REMOTE_BLOCKS_SHORT'
       failure = new Error(`P exported ${remote.blockIds.length} block ids, the prompt needs ${n}`)
     } else {
+      await this.#queue(kv, remote, req.signal)
       const blocks = o.allocator.allocate(n)
       try {
         await kv.pull({ requestId: internalId, remote, localBlocks: blocks, numTokens: tokens.length, signal: req.signal })
@@ -286,6 +293,22 @@ export class SimEngine {
       }
     }
     return this.#loadFailed(req, internalId, failure, agentCode)
+  }
+
+  /**
+   * A busy decoder's wait before the pull (decodeQueueMs), telling the agent it will pull
+   * every lease/6 meanwhile, as vLLM's scheduler heartbeats a waiting request.
+   */
+  async #queue(kv: KvTransport, remote: RemoteKv, signal: AbortSignal): Promise<void> {
+    const o = this.#o
+    const waitMs = o.decodeQueueMs ?? 0
+    if (waitMs <= 0) return
+    const end = o.clock.monotonic() + waitMs
+    const everyMs = ((o.leaseSeconds ?? 30) * 1000) / 6
+    while (o.clock.monotonic() < end) {
+      if (o.announcePulls !== false) kv.expect?.(remote)
+      await sleep(o.clock, Math.min(everyMs, end - o.clock.monotonic()), signal)
+    }
   }
 
   #loadFailed(req: EngineRequest, internalId: string, failure: Error, agentCode: string): { recompute: string } {

@@ -61,6 +61,8 @@ export interface KvTransport {
   release(requestId: string): void
   /** Resolves once the bytes are in `localBlocks`; rejects with a coded error (see SIM_ERR_AGENT_CALL). */
   pull(job: KvPull): Promise<void>
+  /** The engine will pull `remote` later (it waits): heartbeats start now. Best effort, never throws. */
+  expect?(remote: RemoteKv): void
   /** Resolves once `ready` first holds (the process announces itself then); none: at once. */
   whenReady?(): Promise<void>
   close(): Promise<void>

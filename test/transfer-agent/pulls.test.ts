@@ -642,3 +642,56 @@ t.test('a lease already past when its pull arrived samples the clock again, once
   t.equal(h.handshakes(), 4)
   h.clean()
 })
+
+t.test('an expectation heartbeats before the pull, which takes its record over (issue 17 item 4)', async (t) => {
+  const h = harness(t, { autoRead: true })
+  const remote = { remoteEngineId: 'p0', remoteRequestId: 'r-1', remoteHost: '127.0.0.1', remotePort: 7000 }
+  t.same(h.puller.expect(remote), { ttlMs: LEASE_MS / 2 })
+  await flush()
+  t.equal(h.handshakes(), 1, 'the handshake starts at once, so heartbeats can go out while the engine waits')
+  const record = h.heartbeats.get('p0', 'r-1')
+  t.ok(record, 'the heartbeat record starts with the expectation')
+  t.equal(h.puller.expected, 1)
+  h.clock.advance(1000)
+  h.heartbeats.sent('p0', 'r-1', true)
+  // Said again before its TTL: it goes on.
+  h.clock.advance(LEASE_MS / 2 - 1)
+  h.puller.expect(remote)
+  h.clock.advance(LEASE_MS / 2 - 1)
+  t.ok(h.heartbeats.get('p0', 'r-1'), 'renewed: still heartbeating')
+  // The pull arrives: no PULL_EXISTS, the same record (its chain unbroken).
+  const p = h.start(h.request())
+  t.equal(h.puller.expected, 0, 'taken over')
+  await p.promise
+  t.ok(p.done, 'the pull succeeds')
+  t.equal(h.heartbeats.get('p0', 'r-1'), undefined, 'and ends the record when done')
+  t.equal(record?.startedAt, 100_000, 'the record the READ was checked against began with the expectation')
+  h.clean()
+})
+
+t.test('an expectation not said again lapses: heartbeats stop, as a stalled engine\'s would', async (t) => {
+  const h = harness(t)
+  const remote = { remoteEngineId: 'p0', remoteRequestId: 'r-9', remoteHost: '127.0.0.1', remotePort: 7000 }
+  h.puller.expect(remote)
+  h.clock.advance(LEASE_MS / 2 - 1)
+  t.ok(h.heartbeats.get('p0', 'r-9'))
+  h.clock.advance(1)
+  t.equal(h.heartbeats.get('p0', 'r-9'), undefined, 'lapsed after its TTL')
+  t.equal(h.puller.expected, 0)
+  // A pull in flight heartbeats anyway: an expectation for it changes nothing.
+  const p = await h.started(h.request({ remoteRequestId: 'r-2' }))
+  t.same(h.puller.expect({ ...remote, remoteRequestId: 'r-2' }), { ttlMs: LEASE_MS / 2 })
+  t.equal(h.puller.expected, 0)
+  await h.finish(p, { bytes: 128, micros: 1 })
+  t.equal(h.heartbeats.get('p0', 'r-2'), undefined, 'the pull ended its record; no expectation kept it')
+  // Bounded.
+  const few = harness(t, { maxExpected: 2 })
+  few.puller.expect({ ...remote, remoteRequestId: 'a' })
+  few.puller.expect({ ...remote, remoteRequestId: 'b' })
+  t.throws(() => few.puller.expect({ ...remote, remoteRequestId: 'c' }), { code: 'XFA_ERR_TOO_MANY_PULLS' })
+  few.puller.expect({ ...remote, remoteRequestId: 'a' })
+  t.equal(few.puller.expected, 2, 'saying one again is not another')
+  few.puller.clearExpected()
+  t.equal(few.heartbeats.size, 0)
+  h.clean()
+})

@@ -2,7 +2,7 @@ import type { Logger } from 'pino'
 import type { Clock } from '../../common/clock.js'
 import type { Random } from '../../common/random.js'
 import type { Notification } from '../../native/index.js'
-import type { AgentAttach, AgentAttached, LeaseGranted, PeerGoneRequest, PeerHandshake, PullDone, PullRequest } from '../../schemas/agent-api.js'
+import type { AgentAttach, AgentAttached, LeaseGranted, PeerGoneRequest, PeerHandshake, PullDone, PullExpected, PullExpectation, PullRequest } from '../../schemas/agent-api.js'
 import type { AgentConfig } from '../../schemas/agent-config.js'
 import { Attachment } from './attachment.js'
 import { DEFAULT_SAFETY_MS } from './deadline.js'
@@ -100,6 +100,7 @@ export class TransferAgent {
         metrics.engineEventsPending.set(this.events.pending)
       },
       onGaveUp: (engineId, remoteRequestId) => this.#gaveUp(engineId, remoteRequestId),
+      onPeerReady: (engineId) => void this.#sender.sendTo(engineId),
       onSettled: (r) => this.#settled(r),
     })
     this.#sender = new HeartbeatSender({
@@ -205,6 +206,12 @@ export class TransferAgent {
     return this.#requireLeases().release(requestId)
   }
 
+  /** Decoder: the engine will pull P's request later; heartbeats start now (pulls.ts, expectations). */
+  expect(req: PullExpected): PullExpectation {
+    if (this.#closed) throw xfaError('XFA_ERR_SHUTTING_DOWN', 'the agent is closing')
+    return this.#puller.expect(req)
+  }
+
   /** Decoder: READ a prefiller's blocks into local ones. Rejects with a PullFailure. */
   pull(req: PullRequest, signal: AbortSignal): Promise<PullDone> {
     if (this.#closed) return Promise.reject({ error: xfaError('XFA_ERR_SHUTTING_DOWN', 'the agent is closing'), invalidBlockIds: [], tainted: false })
@@ -249,6 +256,7 @@ export class TransferAgent {
       role: att?.role ?? null,
       leases: this.#leases?.size ?? 0,
       pullsInFlight: this.#puller.inFlight,
+      pullsExpected: this.#puller.expected,
       taintedBlocks: this.#puller.taintedBlocks,
       peers: this.#peers.peers(),
       nixl: att ? att.nixl.stats() : null,
@@ -260,6 +268,7 @@ export class TransferAgent {
     if (this.#closed) return
     this.#closed = true
     this.#sender.stop()
+    this.#puller.clearExpected()
     this.#leases?.stop()
     await this.#routerLink?.close()
     await this.#attaching?.catch(() => undefined)

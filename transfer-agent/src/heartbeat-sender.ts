@@ -40,23 +40,28 @@ export class HeartbeatSender {
 
   /** One round: one message per prefiller with tracked pulls. */
   async tick(): Promise<void> {
+    await Promise.all(this.#o.heartbeats.engines().map((engineId) => this.sendTo(engineId)))
+  }
+
+  /**
+   * One message to `engineId` now, off the round's schedule: the first heartbeat of a request
+   * should leave as soon as a handshake can carry it, since the extension bound shrinks with
+   * every ms it waits (deadline.ts). Sending more often only shortens gaps.
+   */
+  async sendTo(engineId: string): Promise<void> {
     const o = this.#o
-    await Promise.all(
-      o.heartbeats.engines().map(async (engineId) => {
-        if (!o.canSend(engineId)) return
-        const ids = o.heartbeats.requestIds(engineId)
-        if (ids.length === 0) return
-        const at = o.clock.monotonic()
-        let ok = true
-        try {
-          await o.send(engineId, `HB:${ids.join(',')}`)
-        } catch {
-          ok = false
-        }
-        if (o.clock.monotonic() - at > o.maxSendMs) ok = false
-        for (const id of ids) o.heartbeats.sent(engineId, id, ok, at)
-        o.onSent?.(engineId, ids.length, ok)
-      }),
-    )
+    if (!o.canSend(engineId)) return
+    const ids = o.heartbeats.requestIds(engineId)
+    if (ids.length === 0) return
+    const at = o.clock.monotonic()
+    let ok = true
+    try {
+      await o.send(engineId, `HB:${ids.join(',')}`)
+    } catch {
+      ok = false
+    }
+    if (o.clock.monotonic() - at > o.maxSendMs) ok = false
+    for (const id of ids) o.heartbeats.sent(engineId, id, ok, at)
+    o.onSent?.(engineId, ids.length, ok)
   }
 }

@@ -1,6 +1,6 @@
-import type { Clock } from '../../common/clock.js'
+import type { Clock, ClockTimer } from '../../common/clock.js'
 import { isTainted, type PreparedBlocks } from '../../native/index.js'
-import type { PullDone, PullRequest } from '../../schemas/agent-api.js'
+import type { PullDone, PullExpected, PullRequest } from '../../schemas/agent-api.js'
 import { checkLease, toLocalExpiry, type LeaseDeclineReason, type LocalExpiry } from './deadline.js'
 import { isXfaError, xfaError, type XfaError, type XfaErrorCode } from './errors.js'
 import type { HeartbeatRegistry } from './heartbeats.js'
@@ -18,6 +18,14 @@ import type { PeerLease, PeerRegion, PeerTable } from './peers.js'
  * 5. on any failure, report every destination block invalid; a READ that may still write
  *    (tainted) keeps them out of the engine's hands until the native gate says it is quiescent.
  * The native agent, peer table, heartbeats and clock are injected; nothing here does I/O.
+ *
+ * An *expectation* (`expect`, issue 17 item 4) is the engine saying it has a request it will
+ * pull but not yet: vLLM's scheduler heartbeats a request from the moment it reaches D, not
+ * from its READ, so time D spends queueing is credited; started only at the pull, the chain
+ * would break at a 5 s lease as soon as D waits a second. The record starts then (and the
+ * handshake, so heartbeats can go out), lives while the engine says it again within
+ * `expectTtlMs` (it stops when the engine stalls or drops the request, as vLLM's do), and the
+ * pull takes it over.
  */
 
 /** What a pull needs from the attached engine's NIXL side (attachment.ts, or a fake). */
@@ -85,6 +93,12 @@ export interface PullerOptions {
   onGaveUp?: (remoteEngineId: string, remoteRequestId: string) => void
   /** Once per pull, when it settles (metrics, logs); must not throw. */
   onSettled?: (report: PullReport) => void
+  /** An expectation's handshake is loaded: its first heartbeat may go now. */
+  onPeerReady?: (engineId: string) => void
+  /** How long an expectation heartbeats without being said again, ms (default lease/2). */
+  expectTtlMs?: number
+  /** Expectations held at once (default 4096); more are refused (XFA_ERR_TOO_MANY_PULLS). */
+  maxExpected?: number
 }
 
 /** A failed pull, as the API answers it. */
@@ -115,6 +129,8 @@ export class Puller {
   /** P's region prepared once per handshake (keyed by that handshake's metadata buffer). */
   readonly #remoteLists = new WeakMap<Buffer, Promise<PreparedBlocks>>()
   #taintedBlocks = 0
+  /** Expectations not yet taken over by their pull: `<engine>\0<request>` → lapse timer. */
+  readonly #expected = new Map<string, ClockTimer>()
   /** When each peer's clock was last sampled again as suspect (monotonic ms). */
   readonly #clockSuspected = new Map<string, number>()
 
@@ -131,16 +147,67 @@ export class Puller {
     return this.#taintedBlocks
   }
 
+  /** Expectations heartbeating now, before their pull. */
+  get expected(): number {
+    return this.#expected.size
+  }
+
+  /**
+   * The engine will pull P's `remoteRequestId` (see the class comment): heartbeats start now,
+   * or go on, for `expectTtlMs` more; the handshake starts if none is cached. A pull of it
+   * already in flight heartbeats anyway: nothing to do.
+   */
+  expect(req: PullExpected): { ttlMs: number } {
+    const o = this.#o
+    const ttlMs = o.expectTtlMs ?? o.leaseMs / 2
+    const key = `${req.remoteEngineId}\0${req.remoteRequestId}`
+    const held = this.#expected.get(key)
+    if (held) o.clock.clearTimeout(held)
+    else if (o.heartbeats.get(req.remoteEngineId, req.remoteRequestId)) return { ttlMs }
+    else {
+      if (this.#expected.size >= (o.maxExpected ?? 4096)) throw xfaError('XFA_ERR_TOO_MANY_PULLS', `${this.#expected.size} expectations held`)
+      o.heartbeats.start(req.remoteEngineId, req.remoteRequestId)
+      // Heartbeats go out only once a handshake is loaded: have one ready before the pull.
+      void o.peers.acquire(req.remoteEngineId, `${req.remoteHost}:${req.remotePort}`).then(
+        (peer) => {
+          peer.release()
+          o.onPeerReady?.(req.remoteEngineId)
+        },
+        () => undefined,
+      )
+    }
+    const timer = o.clock.setTimeout(() => {
+      // Not said again: the engine stalled or dropped it, and heartbeats stop, as vLLM's would.
+      if (this.#expected.get(key) !== timer) return
+      this.#expected.delete(key)
+      o.heartbeats.end(req.remoteEngineId, req.remoteRequestId)
+    }, ttlMs)
+    timer.unref?.()
+    this.#expected.set(key, timer)
+    return { ttlMs }
+  }
+
+  /** Ends every expectation (the agent is closing). */
+  clearExpected(): void {
+    for (const [key, timer] of this.#expected) {
+      this.#o.clock.clearTimeout(timer)
+      const [engineId, requestId] = key.split('\0') as [string, string]
+      this.#o.heartbeats.end(engineId, requestId)
+    }
+    this.#expected.clear()
+  }
+
   /** Resolves when the bytes are in place; rejects with a PullFailure. */
   async pull(req: PullRequest, signal: AbortSignal): Promise<PullDone> {
     const o = this.#o
     const started = o.clock.monotonic()
     const target = o.target()
+    const key = `${req.remoteEngineId}\0${req.remoteRequestId}`
     const refused = !target
       ? xfaError('XFA_ERR_NOT_ATTACHED', 'attach the engine before pulling')
       : this.#inFlight.has(req.requestId)
         ? xfaError('XFA_ERR_PULL_EXISTS', req.requestId)
-        : o.heartbeats.get(req.remoteEngineId, req.remoteRequestId)
+        : o.heartbeats.get(req.remoteEngineId, req.remoteRequestId) && !this.#expected.has(key)
           ? xfaError('XFA_ERR_PULL_EXISTS', `remote request ${req.remoteRequestId} is being pulled by another request`)
           : (validate(req, target) ?? this.#noExpiry(req))
     if (refused || !target) {
@@ -150,7 +217,12 @@ export class Puller {
       throw failure(refused ?? xfaError('XFA_ERR_NOT_ATTACHED', 'no engine'), [...req.localBlockIds], false)
     }
     this.#inFlight.add(req.requestId)
-    o.heartbeats.start(req.remoteEngineId, req.remoteRequestId)
+    const expectation = this.#expected.get(key)
+    if (expectation !== undefined) {
+      // Its expectation's record goes on, unbroken: the chain D built while it waited.
+      o.clock.clearTimeout(expectation)
+      this.#expected.delete(key)
+    } else o.heartbeats.start(req.remoteEngineId, req.remoteRequestId)
     const report: PullReport = {
       requestId: req.requestId,
       remoteEngineId: req.remoteEngineId,

@@ -1,5 +1,5 @@
 import type { FastifyPluginAsync } from 'fastify'
-import type { AgentAttach, LeaseRequest, PullRequest } from '../../../schemas/agent-api.js'
+import type { AgentAttach, LeaseRequest, PullExpected, PullRequest } from '../../../schemas/agent-api.js'
 import type { TransferAgent } from '../agent.js'
 import { xfaError } from '../errors.js'
 import { isPullFailure } from '../pulls.js'
@@ -43,6 +43,12 @@ export const engineRoutes: FastifyPluginAsync<EngineRoutesOptions> = async (app,
       return reply.code(error.statusCode ?? 500).send({ error: { code: error.code, message: error.message }, invalidBlockIds, tainted })
     }
   })
+
+  app.post<{ Body: PullExpected }>(
+    '/v1/pulls/expected',
+    { schema: { body: { $ref: 'PullExpected#' }, response: { 200: { $ref: 'PullExpectation#' } } } },
+    async (request) => agent.expect(request.body),
+  )
 
   app.get<{ Querystring: { after?: string; waitMs?: string } }>(
     '/v1/engine/events',

@@ -255,43 +255,56 @@ t.test('RouterEvents: lease_release goes to the prefiller engine_id owner only',
   t.same((await events.store.delivery(1))?.expected, ['a-p'])
 })
 
-t.test('RouterEvents: a crash (probes fail and no agent stream open) is peer_gone; a partition is not', async (t) => {
+t.test('RouterEvents: a crash (probes refused and no agent stream open) is peer_gone; a partition or a frozen engine is not', async (t) => {
   const { registry, events } = setup()
   await events.registerAgent({ agentId: 'a-p', engineId: 'p-1', role: 'prefill', agentUrl: 'http://127.0.0.1:2001', engineUrl: 'http://127.0.0.1:1001' })
   events.agents.streamOpened('a-p')
   registry.recordProbe('p', true)
   await events.settled()
+  // Frozen (SIGSTOP, a GC storm): probes time out. Out of routing, not gone.
   registry.recordProbe('p', false)
-  await events.settled()
   registry.recordProbe('p', false)
-  await events.settled()
-  t.notOk(registry.isUp('p'))
-  t.equal((await events.store.last()), 0, 'probes fail but the agent still holds its stream: a partition, not a crash')
+  registry.recordProbe('p', false)
   events.streamClosed('a-p')
   await events.settled()
-  t.match((await events.store.since(0)), [{ type: 'peer_gone', engineIds: ['p-1'], reason: /instance p down and no agent stream open/ }], 'the stream closing too makes it a crash')
+  t.notOk(registry.isUp('p'))
+  t.equal(await events.store.last(), 0, 'probes time out and even the stream closed: a frozen engine is not a dead one')
+  events.agents.streamOpened('a-p')
+  // Refused: nothing listens there any more.
+  registry.recordProbe('p', false, undefined, true)
+  registry.recordProbe('p', false, undefined, true)
+  await events.settled()
+  t.ok(registry.isRefusing('p'))
+  t.equal(await events.store.last(), 0, 'refused, but the agent still holds its stream: a partition, not a crash')
+  events.streamClosed('a-p')
+  await events.settled()
+  t.match(await events.store.since(0), [{ type: 'peer_gone', engineIds: ['p-1'], reason: /instance p down and no agent stream open/ }], 'the stream closing too makes it a crash')
   t.equal(events.agents.get('a-p'), undefined, 'the dead agent leaves the directory (delivery stops waiting for it)')
 
-  // Engine mode (no agent): probes alone decide.
+  // Engine mode (no agent): refused probes alone decide; timeouts never do.
   registry.observeEngineId('d', 'd-1')
   await events.settled()
   registry.recordProbe('d', true)
+  for (let i = 0; i < 4; i++) registry.recordProbe('d', false)
   await events.settled()
-  registry.recordProbe('d', false)
+  t.equal(await events.store.last(), 1, 'an engine that times out is kept')
+  registry.recordProbe('d', false, undefined, true)
   await events.settled()
-  registry.recordProbe('d', false)
+  t.equal(await events.store.last(), 1, 'one refusal is not a streak')
+  registry.recordProbe('d', false, undefined, true)
   await events.settled()
-  t.match((await events.store.since(1)), [{ type: 'peer_gone', engineIds: ['d-1'] }])
+  t.match(await events.store.since(1), [{ type: 'peer_gone', engineIds: ['d-1'] }])
 
   // A stream that closes while its instance is up (the router restarting, a network blip): nothing.
   await events.registerAgent({ agentId: 'a-p2', engineId: 'p-2', role: 'prefill', agentUrl: 'http://127.0.0.1:2002', engineUrl: 'http://127.0.0.1:1001' })
   registry.recordProbe('p', true)
   await events.settled()
+  t.notOk(registry.isRefusing('p'), 'a passing probe ends the streak')
   events.agents.streamOpened('a-p2')
-  const last = (await events.store.last())
+  const last = await events.store.last()
   events.streamClosed('a-p2')
   await events.settled()
-  t.equal((await events.store.last()), last)
+  t.equal(await events.store.last(), last)
 })
 
 t.test('EventLog: delivery is reported once per event, when its last expected agent acknowledges it', async (t) => {

@@ -101,7 +101,7 @@ export class RouterEvents {
     opts.registry.subscribe((change) => {
       // After the registry has told everyone (it is mid-notification now).
       if (change.type === 'added') queueMicrotask(() => this.#adopt(change.instanceId))
-      if (change.type === 'down') this.#decide(`crash check of ${change.instanceId}`, () => this.#crashed(change.instanceId))
+      if (change.type === 'refusing') this.#decide(`crash check of ${change.instanceId}`, () => this.#crashed(change.instanceId))
       if (change.type === 'engine_id_learned') this.#known.add(change.engineId)
       if (change.type !== 'engine_id_changed') return
       this.#known.add(change.previous).add(change.current)
@@ -109,11 +109,11 @@ export class RouterEvents {
     })
   }
 
-  /** An agent's event stream closed; with its instance down too, the instance crashed. */
+  /** An agent's event stream closed; with its instance refusing connections too, the instance crashed. */
   streamClosed(agentId: string): void {
     this.agents.streamClosed(agentId)
     const instance = this.agents.get(agentId)?.instanceId
-    if (instance !== undefined && !this.#registry.isUp(instance)) this.#decide(`crash check of ${instance}`, () => this.#crashed(instance))
+    if (instance !== undefined && this.#registry.isRefusing(instance)) this.#decide(`crash check of ${instance}`, () => this.#crashed(instance))
   }
 
   /** Decisions still waiting for the store (0 when it took everything). */
@@ -179,14 +179,16 @@ export class RouterEvents {
   }
 
   /**
-   * A crash: the instance failed its probes AND none of its agents holds an event stream (a
-   * live agent means a partition between router and engine, not a dead engine). Its
-   * engine_ids are gone, and its agents leave the directory, so delivery no longer waits for
-   * them. An instance without any agent (engine mode) is judged by its probes alone.
+   * A crash: the instance's probes were refused `unhealthyThreshold` times in a row (nothing
+   * listens at its address: probes that time out say only that it is frozen or busy, and it is
+   * kept) AND none of its agents holds an event stream (a live agent means a partition
+   * between router and engine, not a dead engine). Its engine_ids are gone, and its agents
+   * leave the directory, so delivery no longer waits for them. An instance without any agent
+   * (engine mode) is judged by its probes alone.
    */
   async #crashed(instanceId: string): Promise<void> {
-    // Up again (or gone) by the time this runs: not a crash.
-    if (this.#registry.isUp(instanceId) || !this.#registry.has(instanceId)) return
+    // Listening again (or gone) by the time this runs: not a crash.
+    if (!this.#registry.isRefusing(instanceId) || !this.#registry.has(instanceId)) return
     const agents = this.agents.byInstance(instanceId)
     if (await this.#presence.anyOpen(agents.map((a) => a.agentId))) return
     const ids = new Set(agents.map((a) => a.engineId))

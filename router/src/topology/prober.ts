@@ -14,6 +14,14 @@ export interface ProberOptions {
   timeoutMs: number
 }
 
+/** ECONNREFUSED on the error or its cause chain (undici wraps socket errors). */
+function connectionRefused(err: unknown): boolean {
+  for (let e = err as { code?: unknown; cause?: unknown } | undefined, depth = 0; e && depth < 4; e = e.cause as typeof e, depth++) {
+    if (e.code === 'ECONNREFUSED') return true
+  }
+  return false
+}
+
 function parseModels(text: string): string[] | undefined {
   try {
     const body = JSON.parse(text) as { data?: { id?: unknown }[] }
@@ -74,6 +82,7 @@ export class Prober {
     const { registry, get, timeoutMs, log } = this.#o
     const base = registry.url(id)
     let up = false
+    let refused = false
     let models: string[] | undefined
     try {
       const health = await get(`${base}/health`, timeoutMs)
@@ -83,8 +92,10 @@ export class Prober {
         if (res.status === 200) models = parseModels(res.text)
       }
     } catch (err) {
-      log.debug({ instance: id, err }, 'health probe failed')
+      // Nothing listens there: unlike a timeout (a frozen or busy engine), the process is gone.
+      refused = connectionRefused(err)
+      log.debug({ instance: id, err, refused }, 'health probe failed')
     }
-    registry.recordProbe(id, up, models)
+    registry.recordProbe(id, up, models, refused)
   }
 }

@@ -16,6 +16,8 @@ export interface HealthPolicy {
 export type TopologyChange =
   | { type: 'up'; instanceId: string }
   | { type: 'down'; instanceId: string }
+  /** unhealthyThreshold probes in a row were refused connections: the process is not there. */
+  | { type: 'refusing'; instanceId: string }
   | { type: 'ejected'; instanceId: string; forMs: number }
   | { type: 'released'; instanceId: string }
   | { type: 'engine_id_changed'; instanceId: string; address: string; previous: string; current: string }
@@ -65,6 +67,8 @@ interface InstanceState {
   engineId: string | undefined
   probedUp: boolean | undefined
   probeFailures: number
+  /** Failed probes in a row that were refused connections (no process listening). */
+  probeRefusals: number
   consecutiveFailures: number
   ejections: number
   ejectedUntil: number
@@ -140,6 +144,7 @@ export class TopologyRegistry {
       engineId: undefined,
       probedUp: undefined,
       probeFailures: 0,
+      probeRefusals: 0,
       consecutiveFailures: 0,
       ejections: 0,
       ejectedUntil: 0,
@@ -218,14 +223,18 @@ export class TopologyRegistry {
    * An active probe's verdict. An instance that was up goes down only after
    * `unhealthyThreshold` failed probes in a row (one probe lost to a busy moment is not an
    * outage); one never seen up goes down at once. A passing probe brings it up and ends an
-   * ejection: the instance serves again.
+   * ejection: the instance serves again. Down is only out of routing: a frozen or overloaded
+   * engine times out and is still alive. `refused` says the connection was refused (nothing
+   * listens there); that many in a row is `refusing`, the one probe verdict that says the
+   * process is gone (DESIGN "Topology": out of routing is not gone).
    */
-  recordProbe(id: string, up: boolean, models?: readonly string[]): void {
+  recordProbe(id: string, up: boolean, models?: readonly string[], refused = false): void {
     const s = this.#instances.get(id)
     if (!s) return
     const wasEligible = eligible(s, this.#clock.monotonic())
     if (up) {
       s.probeFailures = 0
+      s.probeRefusals = 0
       s.consecutiveFailures = 0
       s.ejectedUntil = 0
       if (models) s.models = new Set(models)
@@ -236,10 +245,14 @@ export class TopologyRegistry {
       return
     }
     s.probeFailures++
-    if (s.probedUp === false) return
-    if (s.probedUp === true && s.probeFailures < this.#policy.unhealthyThreshold) return
-    s.probedUp = false
-    this.#emit({ type: 'down', instanceId: id })
+    s.probeRefusals = refused ? s.probeRefusals + 1 : 0
+    const down = s.probedUp !== false && (s.probedUp !== true || s.probeFailures >= this.#policy.unhealthyThreshold)
+    if (down) {
+      s.probedUp = false
+      this.#emit({ type: 'down', instanceId: id })
+    }
+    // After `down`, so a listener sees it out of routing already; once per streak.
+    if (s.probeRefusals === this.#policy.unhealthyThreshold) this.#emit({ type: 'refusing', instanceId: id })
   }
 
   /**
@@ -264,6 +277,12 @@ export class TopologyRegistry {
     s.probedUp = true
     this.#snapshot = undefined
     if (changed || !wasEligible) this.#emit({ type: 'up', instanceId: id })
+  }
+
+  /** Whether its last unhealthyThreshold probes (or more) were all refused connections. */
+  isRefusing(id: string): boolean {
+    const s = this.#instances.get(id)
+    return s !== undefined && s.probeRefusals >= this.#policy.unhealthyThreshold
   }
 
   /** Whether the instance was probed up (undefined: not probed yet), and its models. */

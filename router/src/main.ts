@@ -1,7 +1,6 @@
 import { parseArgs } from 'node:util'
 import closeWithGrace from 'close-with-grace'
 import { announceReady } from '../../common/ready.js'
-import { buildApp } from './app.js'
 import { loadConfig } from './config.js'
 
 const HELP = `usage: handoff router [--config FILE] [--host HOST] [--port PORT] [--log-level LEVEL]
@@ -47,6 +46,8 @@ export async function main(argv: string[]): Promise<void> {
       ...(values['lease-seconds'] !== undefined ? { leaseSeconds: Number(values['lease-seconds']) } : {}),
     },
   })
+  // Loaded after --help and the config check: `--help` and a bad config answer at once.
+  const { buildApp } = await import('./app.js')
   const app = await buildApp({ config })
   // In-flight streams get shutdownGraceMs to finish; then the process exits regardless.
   closeWithGrace({ delay: config.shutdownGraceMs }, async ({ signal, err }) => {

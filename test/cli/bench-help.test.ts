@@ -8,12 +8,13 @@ const bench = (...args: string[]) => spawnSync(process.execPath, [cliEntry, 'ben
 
 for (const name of ['overhead', 'nixl', 'agent', 'events', 'routers']) {
   t.test(`bench ${name} --help`, async (t) => {
-    const started = performance.now()
     const run = bench(name, '--help')
     t.equal(run.status, 0, run.stderr)
     t.match(run.stdout, new RegExp(`^usage: handoff bench ${name} `), 'prints its usage')
-    // A run would take seconds to minutes and start processes; --help answers at once.
-    t.ok(performance.now() - started < 10_000, `and returns without running (${Math.round(performance.now() - started)} ms)`)
+    // A run reports its progress on stderr and prints a results table: --help ran nothing.
+    // (Behaviour, not time: a loaded 2-core machine made a wall-clock bound fail.)
+    t.equal(run.stderr, '', 'nothing ran: no progress lines')
+    t.notMatch(run.stdout, /\n\|/, 'and no results table')
   })
 }
 

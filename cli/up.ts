@@ -1,4 +1,5 @@
 import { spawn, spawnSync } from 'node:child_process'
+import { randomBytes } from 'node:crypto'
 import { once } from 'node:events'
 import { parseArgs } from 'node:util'
 import { freePort } from '../common/ports.js'
@@ -209,6 +210,12 @@ export async function main(argv: string[]): Promise<void> {
   process.once('SIGINT', () => void stopAll(0))
   process.once('SIGTERM', () => void stopAll(0))
 
+  // Routers listening beyond loopback need an agent token (they refuse to start without one):
+  // one is made for this cluster unless HANDOFF_AGENT_TOKEN gives it.
+  const loopback = host === 'localhost' || host === '::1' || host.startsWith('127.')
+  const agentToken = process.env.HANDOFF_AGENT_TOKEN ?? (loopback ? undefined : randomBytes(16).toString('hex'))
+  if (agentToken && !process.env.HANDOFF_AGENT_TOKEN) process.stderr.write('handoff up: routers listen beyond loopback: agents authenticate with a token made for this cluster\n')
+  const withToken = agentToken ? { ...process.env, HANDOFF_AGENT_TOKEN: agentToken } : process.env
   const lease = values['lease-seconds'] ? ['--lease-seconds', values['lease-seconds']] : []
   const simArgs = [
     '--kv',
@@ -254,9 +261,11 @@ export async function main(argv: string[]): Promise<void> {
       plan.map(async (p) => {
         let agentUrl: string | undefined
         if (kv === 'agent') {
-          agentUrl = (await start({ args: ['agent', '--port', '0', '--router-url', routerUrls, ...lease] })).url
+          agentUrl = (await start({ args: ['agent', '--port', '0', '--router-url', routerUrls, ...lease], env: withToken })).url
         }
-        const sim = await start({ args: ['sim', '--role', p.role, '--port', '0', ...simArgs, ...(agentUrl ? ['--agent-url', agentUrl] : [])] })
+        const sim = await start({
+          args: ['sim', '--role', p.role, '--port', '0', ...simArgs, ...(agentUrl ? ['--agent-url', agentUrl] : []), ...(agentUrl && agentToken ? ['--agent-token', agentToken] : [])],
+        })
         return { instance: { id: p.id, role: p.role, url: sim.url }, agentUrl }
       }),
     )
@@ -264,7 +273,7 @@ export async function main(argv: string[]): Promise<void> {
     // Every router gets the same instances, tokens and store. The store goes in the environment
     // as the admin token does: a redis:// URL can carry a password.
     const env = {
-      ...process.env,
+      ...withToken,
       HANDOFF_INSTANCES: JSON.stringify(instances),
       ...(values['admin-token'] ? { HANDOFF_ADMIN_TOKEN: values['admin-token'] } : {}),
       ...(storeUrl ? { HANDOFF_STORE: storeUrl } : {}),

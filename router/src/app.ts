@@ -177,7 +177,6 @@ export async function buildApp(deps: RouterDeps): Promise<FastifyInstance> {
     registry,
     logger: app.log.child({ component: 'events' }),
     metrics: { events: metrics.events },
-    addInstances: config.agentToken !== undefined,
     onLogged: (event) => engineNotifier.notify(event),
     ...(shared ? { presence: shared } : {}),
   })
@@ -383,7 +382,7 @@ export async function buildApp(deps: RouterDeps): Promise<FastifyInstance> {
     ...(shared ? { presence: shared } : {}),
     beforeRegister: storeWritable,
     onStreams: (streams) => (agentStreams = streams),
-    agentToken: config.agentToken,
+    credentials: config.agentToken ? [config.agentToken] : config.apiKeys,
     keepAliveMs: config.events.keepAliveMs,
     drainMs: Math.min(config.shutdownGraceMs, 5000),
   })

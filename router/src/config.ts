@@ -33,6 +33,11 @@ function readFile(file: string): Record<string, unknown> {
   }
 }
 
+/** 127.0.0.0/8, ::1 and localhost: only this host can reach a listener there. */
+function isLoopback(host: string): boolean {
+  return host === 'localhost' || host === '::1' || /^127\.\d{1,3}\.\d{1,3}\.\d{1,3}$/.test(host)
+}
+
 function fromEnv(env: NodeJS.ProcessEnv): Record<string, unknown> {
   const out: Record<string, unknown> = {}
   if (env.HANDOFF_HOST) out.host = env.HANDOFF_HOST
@@ -98,6 +103,13 @@ export function loadConfig(sources: ConfigSources = {}): RouterConfig {
   }
   if (config.leases.marginMs >= config.leases.leaseSeconds * 1000) {
     throw new RTR_ERR_CONFIG(`leases.marginMs (${config.leases.marginMs}) must be below the lease (leases.leaseSeconds ${config.leases.leaseSeconds} s)`)
+  }
+  if (config.agentToken === undefined && !isLoopback(config.host)) {
+    // Registration and the agents' event streams (and the events they carry) would be open to
+    // anyone who reaches the router (issue 18 item 2).
+    throw new RTR_ERR_CONFIG(
+      `the router listens on ${config.host}, beyond loopback, without an agent token: anyone reaching it could register agents and read their event streams. Set agentToken (HANDOFF_AGENT_TOKEN, the same on every agent's --agent-token), or listen on 127.0.0.1`,
+    )
   }
   if (config.store.kind === 'redis' && config.store.url === undefined) {
     throw new RTR_ERR_CONFIG('store.kind redis needs store.url (redis://host:port)')

@@ -19,7 +19,7 @@ const chart = join(root, 'deploy/helm/handoff')
 const examples = join(root, 'deploy/examples')
 const run = promisify(execFile)
 const ADMIN_TOKEN = 'admin-token-for-tests'
-const ADMIN = ['--set', `secrets.adminToken=${ADMIN_TOKEN}`]
+const ADMIN = ['--set', `secrets.adminToken=${ADMIN_TOKEN}`, '--set', 'secrets.agentToken=agent-token-for-tests']
 const ENGINES = [...ADMIN, '--set', 'engines.prefill.enabled=true', '--set', 'engines.decode.enabled=true']
 const AGENT = ['--set', 'engines.agent.enabled=true', '--set', 'secrets.agentToken=agent-token-for-tests']
 
@@ -218,7 +218,7 @@ t.test('engine pods in the Helm chart and the examples, against a real API serve
     t.match(await fails(['--set', 'engines.prefill.labels.handoff\\.dev/role=decode']), /engines\.prefill\.labels must include handoff\.dev\/role=prefill/)
     t.match(await fails(['--set', 'engines.decode.port=8100']), /engines\.decode\.port \(8100\) must equal discovery\.decode\.port \(8000\)/)
     t.match(await fails(['--set', 'engines.prefill.terminationGracePeriodSeconds=10']), /terminationGracePeriodSeconds must exceed engines\.drain\.marginSeconds/)
-    t.match(await fails(['--set', 'engines.agent.enabled=true']), /engines\.agent\.enabled needs secrets\.agentToken/)
+    t.match(await fails(['--set', 'engines.agent.enabled=true', '--set', 'secrets.agentToken=']), /secrets\.agentToken is required|engines\.agent\.enabled needs secrets\.agentToken/)
     t.match(await fails(['--set', 'discovery.prefill=null']), /engines\.prefill\.enabled needs discovery\.prefill/)
     t.equal(await fails(['--set', 'discovery.enabled=false', '--set', 'engines.decode.port=8100']), '', 'without discovery the ports are the operator’s business')
     t.equal(await fails([...AGENT, '--set', 'engines.drain.routerUrls={http://a:8000,http://b:8000}']), '', 'several router URLs render')

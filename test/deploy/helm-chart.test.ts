@@ -11,7 +11,7 @@ import { needKube, startKube } from '../helpers/kube.js'
 // its RBAC grants discovery exactly what it needs.
 
 const chart = resolve(dirname(fileURLToPath(import.meta.url)), '../../deploy/helm/handoff')
-const ADMIN = ['--set', 'secrets.adminToken=admin-token-for-tests']
+const ADMIN = ['--set', 'secrets.adminToken=admin-token-for-tests', '--set', 'secrets.agentToken=agent-token-for-tests']
 
 interface K8sObject {
   kind: string
@@ -47,7 +47,9 @@ t.test('the Helm chart against a real API server', { skip: needKube(t, { helm: t
     t.ok(routerJson, 'the ConfigMap holds router.json')
     const cfgFile = join(dir, 'router.json')
     writeFileSync(cfgFile, routerJson ?? '')
-    const config = loadConfig({ file: cfgFile })
+    // The Secret's HANDOFF_* variables come with it: the router listens on 0.0.0.0 and refuses to without the agent token.
+    t.throws(() => loadConfig({ file: cfgFile }), { code: 'RTR_ERR_CONFIG', message: /beyond loopback, without an agent token/ })
+    const config = loadConfig({ file: cfgFile, env: { HANDOFF_AGENT_TOKEN: 'agent-token-for-tests' } })
     t.match(config, { host: '0.0.0.0', port: 8000, discovery: { kind: 'kubernetes', namespace: ns, prefill: { port: 8000 }, decode: { port: 8000 } } })
     t.equal(config.discovery?.both, undefined)
   })
@@ -76,6 +78,7 @@ t.test('the Helm chart against a real API server', { skip: needKube(t, { helm: t
         (e: { stderr?: string }) => e.stderr ?? '',
       )
     t.match(await fails([]), /secrets\.adminToken is required/)
+    t.match(await fails(['--set', 'secrets.adminToken=admin-token-for-tests']), /secrets\.agentToken is required/)
     t.match(await fails([...ADMIN, '--set', 'router.replicas=2']), /router\.replicas > 1 needs store\.redisUrl/)
     t.match(await fails([...ADMIN, '--set', 'router.terminationGracePeriodSeconds=10']), /shutdownGraceMs must stay below/)
     t.equal(await fails([...ADMIN, '--set', 'router.replicas=2', '--set', 'store.redisUrl=redis://redis:6379']), '', 'two replicas on Redis render')

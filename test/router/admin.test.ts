@@ -112,7 +112,7 @@ t.test('the router never dials an address outside its topology; POST /admin/inst
   )
   const gone = await del(`${url}/admin/instances/out`)
   t.equal(gone.status, 200)
-  t.match(gone.json(), { id: 'out', engineIds: ['eng-out'] })
+  t.match(gone.json(), { id: 'out', engineIds: [] }, "no peer_gone: the engine never answered, and an agent's claim is not its word")
   const before = outsider.hits.length
   await new Promise((r) => setTimeout(r, 300))
   t.equal(outsider.hits.length, before, 'deregistered: probes stop')

@@ -21,8 +21,16 @@ t.test('schema defaults fill an empty config, and the result is frozen', async (
   t.ok(Object.isFrozen(c) && Object.isFrozen(c.timeouts))
 })
 
+t.test('beyond loopback the router needs an agent token (issue 18 item 2)', async (t) => {
+  for (const host of ['0.0.0.0', '10.1.2.3', '::']) {
+    t.throws(() => loadConfig({ overrides: { host } }), { code: 'RTR_ERR_CONFIG', message: new RegExp(`listens on ${host.replace(/\./g, '\\.')}, beyond loopback, without an agent token`) }, host)
+    t.equal(loadConfig({ overrides: { host }, env: { HANDOFF_AGENT_TOKEN: 'agent-token-1' } }).host, host)
+  }
+  for (const host of ['127.0.0.1', '127.0.0.2', 'localhost', '::1']) t.equal(loadConfig({ overrides: { host } }).host, host, `${host}: loopback, open is fine`)
+})
+
 t.test('precedence: flags over env over file', async (t) => {
-  const f = file(JSON.stringify({ port: 9001, host: '0.0.0.0', instances: [{ id: 'p0', role: 'prefill', url: 'http://127.0.0.1:1' }] }))
+  const f = file(JSON.stringify({ port: 9001, host: '0.0.0.0', agentToken: 'agent-token-1', instances: [{ id: 'p0', role: 'prefill', url: 'http://127.0.0.1:1' }] }))
   t.equal(loadConfig({ file: f }).port, 9001)
   t.equal(loadConfig({ file: f, env: { HANDOFF_PORT: '9002' } }).port, 9002)
   t.equal(loadConfig({ file: f, env: { HANDOFF_PORT: '9002' }, overrides: { port: 9003 } }).port, 9003)
@@ -62,7 +70,9 @@ t.test('bad configs fail fast with RTR_ERR_CONFIG and say why', async (t) => {
 
 t.test('the example deployment config is valid', async (t) => {
   const { packageRoot } = await import('../../common/paths.js')
-  const c = loadConfig({ file: join(packageRoot, 'deploy', 'router.example.json') })
+  const file = join(packageRoot, 'deploy', 'router.example.json')
+  t.throws(() => loadConfig({ file }), { code: 'RTR_ERR_CONFIG', message: /beyond loopback/ }, 'on 0.0.0.0 it needs the agent token')
+  const c = loadConfig({ file, env: { HANDOFF_AGENT_TOKEN: 'agent-token-example' } })
   t.equal(c.instances.length, 3)
   t.equal(c.pairing.mode, 'label')
 })

@@ -24,13 +24,13 @@ function setup() {
   const released: string[][] = []
   const ledger = new MemoryLeaseLedger({ clock, leaseSeconds: 30, marginMs: 1000, retentionMs: 1000, maxEntries: 100, onRelease: (ls) => released.push(ls.map((l) => l.requestId)) })
   const gone: { target: PeerGoneTarget; reason: string }[] = []
-  const agents = [{ instanceId: 'p0', engineId: 'agent-eng-p0' }, { engineId: 'stray' }]
+  // p0's engine_id, as its prefill answers told the registry (an agent's claim never counts).
+  registry.observeEngineId('p0', 'eng-p0')
   const events = {
     peerGone: (target: PeerGoneTarget, reason: string) => {
       gone.push({ target, reason })
       return { seq: gone.length, engineIds: [...(target.engineIds ?? [])], unknown: [], aliveSkipped: [], logged: true }
     },
-    agents: { all: () => agents },
   }
   const drainer = new Drainer({ registry, ledger, events, clock, logger: { info: () => {} }, pollMs: 100 })
   t.teardown(() => drainer.close())
@@ -45,7 +45,7 @@ t.test('an idle instance drains at once: peer_gone for its engine_ids, then it i
   registry.observeEngineId('p0', 'eng-p0')
   const s = await drainer.drain('p0')
   t.same(s, { id: 'p0', drained: true, removed: true, inflight: 0, unreadLeases: 0 })
-  t.same(gone, [{ target: { engineIds: ['eng-p0', 'agent-eng-p0'] }, reason: 'drained: instance p0' }])
+  t.same(gone, [{ target: { engineIds: ['eng-p0'] }, reason: 'drained: instance p0' }])
   t.notOk(registry.has('p0'))
   await t.rejects(drainer.drain('p0'), { code: 'RTR_ERR_INSTANCE_NOT_FOUND' })
   t.same(await drainer.wait('p0', 10), { id: 'p0', drained: false, removed: true, inflight: 0, unreadLeases: 0 }, 'nothing pending: where it stands')
@@ -124,7 +124,7 @@ t.test('a caller that hangs up stops waiting; a DELETE during a drain ends it un
   t.same(await a, { id: 'p0', drained: false, removed: false, inflight: 1, unreadLeases: 0 })
   const b = drainer.wait('p0', 60_000)
   const r = await drainer.remove('p0', 'deregistered')
-  t.same(r, { id: 'p0', peerGoneSeq: 1, engineIds: ['agent-eng-p0'] })
+  t.same(r, { id: 'p0', peerGoneSeq: 1, engineIds: ['eng-p0'] })
   t.same(gone[0]?.reason, 'deregistered')
   t.same(await b, { id: 'p0', drained: false, removed: true, inflight: 0, unreadLeases: 0 })
   await t.rejects(drainer.remove('p0', 'again'), { code: 'RTR_ERR_INSTANCE_NOT_FOUND' })

@@ -142,29 +142,32 @@ t.test('RouterEvents: an engine_id change at an instance becomes peer_gone for t
   t.equal((await events.store.last()), 1, 'the same engine_id again: nothing')
 })
 
-t.test('RouterEvents: agent registration, re-registration under a new engine_id, a new agent at the same address', async (t) => {
+t.test('RouterEvents: a registration ties an agent to its instance; what it claims is never the engine\'s word (issue 18 item 2)', async (t) => {
   const { registry, events } = setup()
   const rec = await events.registerAgent({ agentId: 'a-p', engineId: 'p-1', role: 'prefill', agentUrl: 'http://127.0.0.1:2001', engineUrl: 'http://127.0.0.1:1001/' })
   t.equal(rec.instanceId, 'p', 'tied to its instance by the engine URL (trailing slash ignored)')
   t.equal(rec.peerAddress, '127.0.0.1:2001')
-  t.equal(registry.snapshot().instances.find((i) => i.id === 'p')?.engineId, 'p-1', 'the instance learned its engine_id')
+  t.equal(registry.snapshot().instances.find((i) => i.id === 'p')?.engineId, undefined, 'the instance learns its engine_id from the engine, not from a registration')
   await events.registerAgent({ agentId: 'a-d', engineId: 'd-1', role: 'decode', agentUrl: 'http://127.0.0.1:2002', engineUrl: 'http://127.0.0.1:1002' })
-  t.equal((await events.store.last()), 0, 'first registrations replace nothing')
   await events.registerAgent({ agentId: 'a-p', engineId: 'p-1', role: 'prefill', agentUrl: 'http://127.0.0.1:2001', engineUrl: 'http://127.0.0.1:1001' })
-  t.equal((await events.store.last()), 0, 'the same registration again: nothing')
+  t.equal(await events.store.last(), 0, 'registrations log nothing')
 
-  // The engine restarted behind the same agent: another engine_id.
-  await events.registerAgent({ agentId: 'a-p', engineId: 'p-2', role: 'prefill', agentUrl: 'http://127.0.0.1:2001', engineUrl: 'http://127.0.0.1:1001' })
-  t.equal((await events.store.last()), 1, 'one event, not a second one from the instance engine_id change')
-  t.match((await events.store.since(0))[0], { type: 'peer_gone', engineIds: ['p-1'], addresses: [] })
-  t.same((await events.store.delivery(1))?.expected.sort(), ['a-d', 'a-p'], 'every agent is expected to apply it')
+  // The reproduction: anyone posting a registration naming the prefiller's URL and a new
+  // engine_id made the router declare the real engine gone.
+  registry.observeEngineId('p', 'p-real')
+  await events.settled()
+  await events.registerAgent({ agentId: 'a-p', engineId: 'p-forged', role: 'prefill', agentUrl: 'http://127.0.0.1:2001', engineUrl: 'http://127.0.0.1:1001' })
+  await events.registerAgent({ agentId: 'a-evil', engineId: 'p-forged-2', role: 'prefill', agentUrl: 'http://127.0.0.1:2001', engineUrl: 'http://127.0.0.1:1001' })
+  await events.settled()
+  t.equal(await events.store.last(), 0, 'a claimed engine_id, or a new agent at the same address, declares nothing gone')
+  t.equal(registry.snapshot().instances.find((i) => i.id === 'p')?.engineId, 'p-real', 'and renames nothing')
+  t.equal(events.agents.get('a-p'), undefined, 'the replaced record leaves the directory')
 
-  // The whole pod restarted: a new agent process (new agentId) at the same address.
-  await events.registerAgent({ agentId: 'a-p2', engineId: 'p-3', role: 'prefill', agentUrl: 'http://127.0.0.1:2001', engineUrl: 'http://127.0.0.1:1001' })
-  t.equal((await events.store.last()), 2)
-  t.match((await events.store.since(1))[0], { type: 'peer_gone', engineIds: ['p-2'], reason: /agent a-p2 at 127\.0\.0\.1:2001/ })
-  t.equal(events.agents.get('a-p'), undefined, 'the old agent record is gone')
-  t.same((await events.store.delivery(2))?.expected.sort(), ['a-d', 'a-p2'])
+  // The engine itself answering under a new engine_id is what says the old one is gone.
+  registry.observeEngineId('p', 'p-2')
+  await events.settled()
+  t.match(await events.store.since(0), [{ type: 'peer_gone', engineIds: ['p-real'], reason: /engine_id_changed/ }])
+  t.same((await events.store.delivery(1))?.expected.sort(), ['a-d', 'a-evil'], 'every agent is expected to apply it')
 })
 
 t.test('RouterEvents: ops peer_gone is idempotent; unknown targets are no-ops; addresses resolve', async (t) => {
@@ -227,6 +230,7 @@ t.test('RouterEvents + Drainer: with IP reuse an old pod\'s retirement never nam
   t.teardown(() => drainer.close())
   await events.registerAgent({ agentId: 'a-old', engineId: 'e-old', role: 'prefill', agentUrl: 'http://127.0.0.1:2001', engineUrl: 'http://127.0.0.1:1001' })
   t.equal(events.agents.get('a-old')?.instanceId, 'p', 'the old pod’s agent is tied to its instance')
+  registry.observeEngineId('p', 'e-old')
   // The old pod terminates; a request holds it, so it drains for a while.
   registry.acquire('p')
   await drainer.drain('p')
@@ -236,7 +240,8 @@ t.test('RouterEvents + Drainer: with IP reuse an old pod\'s retirement never nam
   registry.add({ id: 'p-new', role: 'prefill', url: 'http://127.0.0.1:1001' })
   await new Promise((r) => setImmediate(r))
   t.equal(events.agents.get('a-new')?.instanceId, 'p-new', 'adopted by the new pod’s instance when it joined')
-  t.equal(registry.snapshot().instances.find((i) => i.id === 'p-new')?.engineId, 'e-new')
+  // The new pod's engine answers a prefill: its engine_id, from the engine itself.
+  registry.observeEngineId('p-new', 'e-new')
   registry.release('p')
   t.ok(await waitFor(() => !registry.has('p'), 2000), 'the old pod is retired')
   await events.settled()
@@ -258,6 +263,7 @@ t.test('RouterEvents: lease_release goes to the prefiller engine_id owner only',
 t.test('RouterEvents: a crash (probes refused and no agent stream open) is peer_gone; a partition or a frozen engine is not', async (t) => {
   const { registry, events } = setup()
   await events.registerAgent({ agentId: 'a-p', engineId: 'p-1', role: 'prefill', agentUrl: 'http://127.0.0.1:2001', engineUrl: 'http://127.0.0.1:1001' })
+  registry.observeEngineId('p', 'p-1')
   events.agents.streamOpened('a-p')
   registry.recordProbe('p', true)
   await events.settled()

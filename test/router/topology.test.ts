@@ -34,7 +34,7 @@ t.test('GET /topology: instances with engine_ids and agents, pairings, event log
   }>()
   const byId = new Map(topo.instances.map((i) => [i.id, i]))
   t.match(byId.get('p0')?.engineId, /^sim-/, "p0's engine_id was learned from its prefill answer")
-  t.equal(byId.get('d0')?.engineId, 'eng-d0', "d0's from its agent's registration")
+  t.equal(byId.get('d0')?.engineId, null, "d0's agent claims one, but only the engine's own answers name it (issue 18 item 2)")
   t.same(byId.get('d0')?.agents.map((a) => [a.agentId, a.peerAddress]), [['agent-d0', '127.0.0.1:7601']])
   t.equal(byId.get('d1')?.state, 'ready')
   t.same(topo.pairing.pairs, [['p0', 'd0']], 'label pairing: p0 pairs only with d0')
@@ -49,30 +49,24 @@ t.test('control endpoints are off without an admin token', async (t) => {
   t.equal(res.json<{ error: { code: string } }>().error.code, 'RTR_ERR_ADMIN_DISABLED')
 })
 
-t.test('agent self-registration brings its engine into the topology, only when agents authenticate', async (t) => {
+t.test('an agent registration never brings an engine into the topology, token or not (issue 18 item 2)', async (t) => {
   const p = await startSim(t, ['--role', 'prefill'])
   const d = await startSim(t, ['--role', 'decode'])
   const agentAuth = { authorization: 'Bearer agent-token-123' }
   const { url } = await startRouter(t, [{ id: 'p0', role: 'prefill', url: p.url }], { adminToken: ADMIN, agentToken: 'agent-token-123' })
   t.equal((await post(`${url}/v1/completions`, { model: 'handoff/sim-1', prompt: 'x', max_tokens: 2 })).status, 503, 'no decoder yet')
+  // The reproduction: an engineUrl of the caller's choosing became a routable instance, and the
+  // router sent it real client prompts (and would have sent upstreamApiKey).
   const reg = await post(`${url}/v1/agents`, { agentId: 'agent-d', engineId: 'eng-d', role: 'decode', agentUrl: 'http://127.0.0.1:7602', engineUrl: d.url }, agentAuth)
-  const port = new URL(d.url).port
-  t.match(reg.json(), { instanceId: `decode:127.0.0.1:${port}` })
-  const topo = (await get(`${url}/topology`, auth)).json<{ instances: { id: string; source: string; engineId: string }[] }>()
-  t.match(
-    topo.instances.map((i) => [i.id, i.source, i.engineId]),
-    [
-      ['p0', 'config', null],
-      [`decode:127.0.0.1:${port}`, 'agent', 'eng-d'],
-    ],
-  )
-  const r = await post(`${url}/v1/completions`, { model: 'handoff/sim-1', prompt: 'routed through the added decoder', max_tokens: 2 })
-  t.equal(r.status, 200, 'requests now reach the engine its agent brought in')
-
-  const open = await startRouter(t, [{ id: 'p0', role: 'prefill', url: p.url }], { adminToken: ADMIN })
-  const unauth = await post(`${open.url}/v1/agents`, { agentId: 'agent-d', engineId: 'eng-d', role: 'decode', agentUrl: 'http://127.0.0.1:7602', engineUrl: d.url })
-  t.match(unauth.json(), { instanceId: null }, 'without an agent token the router never adds an address it was handed')
-  const openTopo = (await get(`${open.url}/topology`, auth)).json<{ instances: unknown[]; unattachedAgents: { agentId: string }[] }>()
-  t.equal(openTopo.instances.length, 1)
-  t.match(openTopo.unattachedAgents, [{ agentId: 'agent-d' }])
+  t.equal(reg.status, 200)
+  t.match(reg.json(), { instanceId: null }, 'registered, attached to nothing')
+  const topo = (await get(`${url}/topology`, auth)).json<{ instances: { id: string }[]; unattachedAgents: { agentId: string }[] }>()
+  t.same(topo.instances.map((i) => i.id), ['p0'], 'no instance was added')
+  t.match(topo.unattachedAgents, [{ agentId: 'agent-d' }])
+  t.equal((await post(`${url}/v1/completions`, { model: 'handoff/sim-1', prompt: 'y', max_tokens: 2 })).status, 503, 'and nothing is routed to it')
+  // Instances come from config, discovery or the admin API; the agent then attaches to one.
+  t.equal((await post(`${url}/admin/instances`, { id: 'd0', role: 'decode', url: d.url }, auth)).status, 201)
+  const again = await post(`${url}/v1/agents`, { agentId: 'agent-d', engineId: 'eng-d', role: 'decode', agentUrl: 'http://127.0.0.1:7602', engineUrl: d.url }, agentAuth)
+  t.match(again.json(), { instanceId: 'd0' }, 'attaches once an instance is there')
+  t.equal((await post(`${url}/v1/completions`, { model: 'handoff/sim-1', prompt: 'z', max_tokens: 2 })).status, 200)
 })

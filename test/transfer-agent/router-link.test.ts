@@ -86,10 +86,14 @@ t.test('register, stream, apply in order, ack; delivery completes', async (t) =>
   t.match((await get(`${url}/fault_tolerance/events/${seq}`, admin)).json(), { applied: ['agent-1'], expected: ['agent-1', 'other'] })
   t.match(l.status(), { routerId: app.events.store.id, engineId: 'p-1' })
 
-  // Another engine_id behind this agent: registers again at once → peer_gone for the old one.
+  // Another engine_id behind this agent: it registers again at once. That is a claim: the old
+  // one is declared gone when the engine itself answers under the new one (issue 18 item 2).
   l.attached({ engineId: 'p-2', role: 'prefill', agentUrl: 'http://127.0.0.1:7001', engineUrl: 'http://127.0.0.1:9' })
-  t.ok(await waitFor(() => target.gone.some((g) => g.engineIds?.includes('p-1')), 5000), 'the old engine_id came back as peer_gone')
-  t.equal(app.events.agents.get('agent-1')?.engineId, 'p-2')
+  t.ok(await waitFor(() => app.events.agents.get('agent-1')?.engineId === 'p-2', 5000), 're-registered under the new engine_id')
+  t.notOk(target.gone.some((g) => g.engineIds?.includes('p-1')), 'which declares nothing gone by itself')
+  app.topology.observeEngineId('p', 'p-1')
+  app.topology.observeEngineId('p', 'p-2')
+  t.ok(await waitFor(() => target.gone.some((g) => g.engineIds?.includes('p-1')), 5000), "the engine's own answer does: the old engine_id came back as peer_gone")
   const before = l.status().lastApplied
   l.attached({ engineId: 'p-2', role: 'prefill', agentUrl: 'http://127.0.0.1:7001', engineUrl: 'http://127.0.0.1:9' })
   t.equal(l.status().lastApplied, before, 'the same registration again changes nothing')

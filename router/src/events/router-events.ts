@@ -62,8 +62,6 @@ export class RouterEvents {
    */
   readonly #known = new Set<string>()
 
-  /** Whether an agent naming an engine URL the topology lacks adds that engine (agent token only). */
-  readonly #addInstances: boolean
   readonly #presence: StreamPresence
   readonly #onLogged: ((event: LoggedEvent) => void) | undefined
   /** The router's own decisions waiting for the store to come back, oldest first. */
@@ -79,7 +77,6 @@ export class RouterEvents {
     registry: TopologyRegistry
     logger: EventsLogger
     metrics?: RouterEventsMetrics
-    addInstances?: boolean
     /** Default: this router's own streams (one router). */
     presence?: StreamPresence
     /** Each event this router logged (not other routers'): engine mode's notifications. */
@@ -87,7 +84,6 @@ export class RouterEvents {
     /** How often a decision the store refused is tried again, ms (default 1000). */
     retryMs?: number
   }) {
-    this.#addInstances = opts.addInstances ?? false
     this.store = opts.store
     this.agents = opts.agents
     this.#registry = opts.registry
@@ -191,23 +187,31 @@ export class RouterEvents {
     if (!this.#registry.isRefusing(instanceId) || !this.#registry.has(instanceId)) return
     const agents = this.agents.byInstance(instanceId)
     if (await this.#presence.anyOpen(agents.map((a) => a.agentId))) return
-    const ids = new Set(agents.map((a) => a.engineId))
+    // The engine's own engine_id (from its answers), never an agent's claim (registerAgent).
     const current = this.#registry.snapshot().instances.find((i) => i.id === instanceId)?.engineId
-    if (current) ids.add(current)
+    const ids = new Set(current ? [current] : [])
     for (const id of ids) this.#known.add(id)
     // Out of the directory first: delivery of this very peer_gone must not wait for them.
     for (const a of agents) this.agents.remove(a.agentId)
     if (ids.size > 0) this.#decide(`peer_gone for crashed ${instanceId}`, () => this.peerGone({ engineIds: [...ids] }, `instance ${instanceId} down and no agent stream open`))
   }
 
-  /** An agent's registration: records it, ties it to its instance, and reports what it replaced. */
+  /**
+   * An agent's registration: records it and ties it to the instance at its engine URL, if
+   * the topology has one (issue 18 item 2). A registration never creates, re-addresses or
+   * renames an instance, and what it claims is never taken as an engine's word: an instance's
+   * engine_id is learned from the engine itself (`remote_engine_id` in its prefill answers),
+   * so a caller claiming a new engine_id at a prefiller's URL cannot make the router declare
+   * the real engine gone. A record it replaces (the same agentId, or the same peer address)
+   * leaves the directory; its engine_id is not declared gone on that word either: the engine's
+   * next prefill answer, a crash, or ops do that.
+   */
   async registerAgent(reg: AgentRegistration): Promise<AgentRecord> {
-    const instance = reg.engineUrl ? (this.#instanceByUrl(reg.engineUrl) ?? this.#addInstance(reg)) : undefined
+    const instance = reg.engineUrl ? this.#instanceByUrl(reg.engineUrl) : undefined
     const { record, gone } = this.agents.register(reg, instance)
     this.#known.add(reg.engineId)
-    for (const g of gone) await this.peerGone({ engineIds: [g.engineId], addresses: [] }, `${g.reason}: agent ${reg.agentId} at ${g.peerAddress}`)
-    // After the agent's own peer_gone, so the registry's engine_id change finds it already gone.
-    if (instance) this.#registry.observeEngineId(instance, reg.engineId)
+    for (const g of gone) this.#known.add(g.engineId)
+    if (gone.length > 0) this.#logger.info({ agentId: reg.agentId, replaced: gone.map((g) => g.engineId) }, 'agent registration replaced a record')
     this.#logger.info({ agentId: reg.agentId, engineId: reg.engineId, instance, peerAddress: record.peerAddress }, 'agent registered')
     return record
   }
@@ -305,21 +309,6 @@ export class RouterEvents {
   }
 
   /**
-   * Self-registration (DESIGN "Topology"): an agent whose engine the topology lacks brings it
-   * in, under the id `<role>:<host>:<port>`. Only when agents authenticate (agentToken): the
-   * router must never dial an address an unauthenticated caller handed it.
-   */
-  #addInstance(reg: AgentRegistration): string | undefined {
-    if (!this.#addInstances || !reg.engineUrl) return undefined
-    const url = new URL(reg.engineUrl)
-    const id = `${reg.role}:${url.hostname}:${url.port || (url.protocol === 'https:' ? '443' : '80')}`.replace(/[^A-Za-z0-9._:-]/g, '_')
-    if (this.#registry.has(id)) return undefined
-    this.#registry.add({ id, role: reg.role, url: url.origin }, 'agent')
-    this.#logger.info({ instance: id, url: url.origin, agentId: reg.agentId }, 'instance added by its agent')
-    return id
-  }
-
-  /**
    * The instance an agent's engine URL belongs to: never a draining one. A draining instance
    * admits nothing new, so an agent that registers for its URL runs another incarnation (with
    * IP reuse, a new pod at an old pod's address); tied to the old instance, it would be
@@ -334,7 +323,7 @@ export class RouterEvents {
   /**
    * An instance joined: agents registered for its URL before it did (in Kubernetes an agent
    * registers when its engine starts, before the pod is Ready) are tied to it now, so its
-   * crash check sees their streams and its engine_id is theirs.
+   * crash check sees their streams. Their engine_ids stay claims (see registerAgent).
    */
   #adopt(instanceId: string): void {
     const view = this.#registry.snapshot().instances.find((i) => i.id === instanceId)
@@ -344,7 +333,6 @@ export class RouterEvents {
       if (a.instanceId !== undefined || !a.engineUrl || normalize(a.engineUrl) !== want) continue
       const { streams: _streams, ...record } = a
       this.agents.put({ ...record, instanceId })
-      this.#registry.observeEngineId(instanceId, a.engineId)
       this.#logger.info({ agentId: a.agentId, engineId: a.engineId, instance: instanceId }, 'agent adopted by the instance that joined at its engine URL')
     }
   }

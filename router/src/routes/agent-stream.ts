@@ -18,7 +18,12 @@ export interface AgentStreamOptions {
   events: RouterEvents
   /** Told when this router holds an agent's stream, and when not (several routers: presence). */
   presence?: { opened(agentId: string): void; closed(agentId: string): void }
-  agentToken: string | undefined
+  /**
+   * What agents must present: the agent token; without one, the data plane's API keys (they
+   * guard every /v1 route, and must not cover less than they claim); with neither, open
+   * (the router then listens on loopback only: config.ts refuses anything else).
+   */
+  credentials: readonly string[]
   keepAliveMs: number
   /**
    * Gets a handle that ends every stream this router holds: when the log was replaced (Redis
@@ -68,7 +73,7 @@ export const agentStreamRoutes: FastifyPluginAsync<AgentStreamOptions> = async (
     for (const res of open) res.end()
   }
   opts.onStreams?.({ endAll })
-  const check = bearerChecker(opts.agentToken ? [opts.agentToken] : [])
+  const check = bearerChecker(opts.credentials)
   if (check) {
     app.addHook('onRequest', async (req) => {
       if (!check(req)) throw new RTR_ERR_AGENT_UNAUTHORIZED()

@@ -28,7 +28,6 @@ export interface DrainerOptions {
   events: {
     /** Awaited: with a shared event store it writes to Redis. */
     peerGone(target: PeerGoneTarget, reason: string): PeerGoneResult | Promise<PeerGoneResult>
-    agents: { all(): readonly { instanceId?: string | undefined; engineUrl?: string | undefined; engineId: string }[] }
   }
   clock: Clock
   logger: { info(obj: object, msg: string): void; warn?(obj: object, msg: string): void }
@@ -197,11 +196,12 @@ export class Drainer {
 
   async #retire(id: string, reason: string, peerGone = true): Promise<RemoveResult> {
     const view = this.#o.registry.snapshot().instances.find((i) => i.id === id)
+    // Its engine's own engine_id, learned from its answers: never an agent's claim (an agent
+    // registration is not the engine's word, issue 18 item 2), and never by URL alone (with IP
+    // reuse another pod's engine may serve that URL now). A prefiller that never answered has
+    // no engine_id, and then no decoder holds any state of it either.
     const engineIds = new Set<string>()
     if (view?.engineId) engineIds.add(view.engineId)
-    // Its agents: those tied to it (at registration, or adopted when it joined). Never by URL
-    // alone: with IP reuse another pod's engine may serve that URL now.
-    for (const a of this.#o.events.agents.all()) if (a.instanceId === id) engineIds.add(a.engineId)
     if (!peerGone) {
       this.#o.logger.info({ instance: id, engineIds: [...engineIds] }, 'out of routing: removed without peer_gone (its engine may come back)')
       this.#o.registry.remove(id)

@@ -103,6 +103,10 @@ export const RouterConfig = Type.Object(
         // Handoffs one request may fan out into: prompts of a batch × n choices, each a prefill
         // and a decode leg with its own lease. More is refused (400 RTR_ERR_TOO_MANY_HANDOFFS).
         maxHandoffsPerRequest: Type.Integer({ minimum: 1, default: 128 }),
+        // Transfer agents the directory holds (POST /v1/agents). A new agent past it is refused
+        // (503 RTR_ERR_TOO_MANY_AGENTS); one already known, or replacing the one at its
+        // address, is always taken. With the Redis store every router counts all of them.
+        maxAgents: Type.Integer({ minimum: 1, default: 1024 }),
       },
       { default: {}, additionalProperties: false },
     ),

@@ -178,6 +178,7 @@ export async function buildApp(deps: RouterDeps): Promise<FastifyInstance> {
     logger: app.log.child({ component: 'events' }),
     metrics: { events: metrics.events },
     addInstances: config.agentToken !== undefined,
+    maxAgents: config.limits.maxAgents,
     onLogged: (event) => engineNotifier.notify(event),
     ...(shared ? { presence: shared } : {}),
   })

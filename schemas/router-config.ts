@@ -169,6 +169,9 @@ export const RouterConfig = Type.Object(
         retention: Type.Integer({ minimum: 1, default: 10000 }),
         // A comment line on idle agent streams, so proxies do not close them.
         keepAliveMs: Type.Integer({ minimum: 100, default: 15000 }),
+        // Delivery bookkeeping: the agents each held event is for, summed over distinct lists
+        // (events for the same agents share one). Past it the oldest events go, as past retention.
+        deliveryEntries: Type.Integer({ minimum: 1, default: 1048576 }),
       },
       { default: {}, additionalProperties: false },
     ),

@@ -172,6 +172,10 @@ export const RouterConfig = Type.Object(
         // Delivery bookkeeping: the agents each held event is for, summed over distinct lists
         // (events for the same agents share one). Past it the oldest events go, as past retention.
         deliveryEntries: Type.Integer({ minimum: 1, default: 1048576 }),
+        // Unsent bytes an agent's event stream may hold; past it the stream reads on from the
+        // log as the agent takes what it has. One that takes nothing for a keep-alive
+        // interval with its buffer full is cut (the agent resumes by sequence).
+        streamBufferBytes: Type.Integer({ minimum: 1024, default: 65536 }),
       },
       { default: {}, additionalProperties: false },
     ),

@@ -148,7 +148,7 @@ export async function buildApp(deps: RouterDeps): Promise<FastifyInstance> {
   const registry = new TopologyRegistry({ clock, policy: config.health, instances: config.instances })
   const metrics = createRouterMetrics()
   const agents = new AgentDirectory({ clock })
-  let agentStreams = { endAll: (): void => {} }
+  let agentStreams = { endAll: (): void => {}, unsent: (): number => 0 }
   const store = await openRouterStore({
     config,
     clock,
@@ -359,6 +359,7 @@ export async function buildApp(deps: RouterDeps): Promise<FastifyInstance> {
       const connected = agents.filter((a) => a.streams > 0).length
       metrics.agents.set({ state: 'connected' }, connected)
       metrics.agents.set({ state: 'disconnected' }, agents.length - connected)
+      metrics.agentStreamUnsent.set(agentStreams.unsent())
     },
   })
   // Data plane: optional API keys guard every /v1 route.
@@ -386,6 +387,8 @@ export async function buildApp(deps: RouterDeps): Promise<FastifyInstance> {
     onStreams: (streams) => (agentStreams = streams),
     agentToken: config.agentToken,
     keepAliveMs: config.events.keepAliveMs,
+    streamBufferBytes: config.events.streamBufferBytes,
+    onCut: (reason) => metrics.agentStreamsCut.inc({ reason }),
     drainMs: Math.min(config.shutdownGraceMs, 5000),
   })
   // Control plane: the admin token, always; without one configured the endpoints are off.

@@ -191,12 +191,12 @@ export class EventLog {
 
   /**
    * What an agent that applied everything up to `after` needs: the events after it, with a
-   * snapshot first when some of them are no longer held.
+   * snapshot first when some of them are no longer held; at most `limit` (a snapshot counts).
    */
-  since(after: number): RouterEvent[] {
+  since(after: number, limit = Infinity): RouterEvent[] {
     const out: RouterEvent[] = []
     if (after < this.first - 1) out.push(this.snapshot())
-    for (let i = this.#indexAfter(after); i < this.#entries.length; i++) out.push((this.#entries[i] as Entry).event)
+    for (let i = this.#indexAfter(after); i < this.#entries.length && out.length < limit; i++) out.push((this.#entries[i] as Entry).event)
     return out
   }
 

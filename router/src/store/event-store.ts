@@ -23,8 +23,8 @@ export interface EventStore {
    * one step (across every router sharing the store); undefined when every one was gone.
    */
   appendPeerGone(input: PeerGoneInput, expected: readonly string[]): Promise<PeerGoneEvent | undefined>
-  /** The events after `after`, a snapshot first when some of them are no longer held. */
-  since(after: number): Promise<RouterEvent[]>
+  /** The events after `after`, a snapshot first when some of them are no longer held; at most `limit` (a snapshot counts). */
+  since(after: number, limit?: number): Promise<RouterEvent[]>
   /** Every engine_id still remembered as gone; its seq is the one just before the oldest held. */
   snapshot(): Promise<SnapshotEvent>
   /** Whether `engineId` was declared gone within goneTtlMs. */
@@ -101,8 +101,8 @@ export class MemoryEventStore implements EventStore {
     return this.#log.appendPeerGone(input, expected)
   }
 
-  async since(after: number): Promise<RouterEvent[]> {
-    return this.#log.since(after)
+  async since(after: number, limit?: number): Promise<RouterEvent[]> {
+    return this.#log.since(after, limit)
   }
 
   async snapshot(): Promise<SnapshotEvent> {

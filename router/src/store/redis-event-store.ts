@@ -269,19 +269,19 @@ export class RedisEventStore implements EventStore {
     )
   }
 
-  async since(after: number): Promise<RouterEvent[]> {
+  async since(after: number, limit = Infinity): Promise<RouterEvent[]> {
     const now = this.#opts.clock.now()
-    const [[, head], [, rest], [, last], [, gone]] = (await this.#redis
-      .multi()
-      .xrange(this.#keys.stream, '-', '+', 'COUNT', 1)
-      .xrange(this.#keys.stream, `${after + 1}-0`, '+')
+    const tx = this.#redis.multi().xrange(this.#keys.stream, '-', '+', 'COUNT', 1)
+    if (Number.isFinite(limit)) tx.xrange(this.#keys.stream, `${after + 1}-0`, '+', 'COUNT', limit)
+    else tx.xrange(this.#keys.stream, `${after + 1}-0`, '+')
+    const [[, head], [, rest], [, last], [, gone]] = (await tx
       .get(this.#keys.seq)
       .zrangebyscore(this.#keys.gone, `(${now - this.#goneTtlMs}`, '+inf')
       .exec()) as [[null, Entry[]], [null, Entry[]], [null, string | null], [null, string[]]]
     const first = head[0] ? seqOf(head[0][0]) : Number(last ?? 0) + 1
     const out: RouterEvent[] = []
     if (after < first - 1) out.push({ seq: first - 1, type: 'snapshot', goneEngineIds: gone, at: now })
-    for (const entry of rest) out.push(parse(entry))
+    for (const entry of rest) if (out.length < limit) out.push(parse(entry))
     return out
   }
 

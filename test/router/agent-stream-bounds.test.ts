@@ -1,6 +1,8 @@
 import { connect, type Socket } from 'node:net'
-import t from 'tap'
+import t, { type Test } from 'tap'
+import { loadConfig } from '../../router/src/config.js'
 import { get, post, startRouter, waitFor } from '../helpers/cluster.js'
+import { needRedis, startRedis } from '../helpers/redis.js'
 
 // Issue 18 item 3: an agent's event stream holds at most events.streamBufferBytes unsent
 // (plus one frame); one that takes nothing for a keep-alive interval, or falls further
@@ -74,8 +76,8 @@ t.test('a new stream for an agent replaces the one it had', async (t) => {
   t.equal(cutCount((await get(`${url}/metrics`)).text, 'replaced'), 1)
 })
 
-t.test('a replay from the start of a full log is paced by the reader, not buffered whole', async (t) => {
-  const { url, app } = await startRouter(t, [], { probe: false, events: { keepAliveMs: 60_000, streamBufferBytes: 16384 } })
+async function pacedReplay(t: Test, store?: Record<string, unknown>): Promise<void> {
+  const { url, app } = await startRouter(t, [], { probe: false, events: { keepAliveMs: 60_000, streamBufferBytes: 16384 }, ...(store ? { store } : {}) })
   t.equal((await post(`${url}/v1/agents`, agent('late', 7003))).status, 200)
   for (let i = 0; i < 1000; i++) await app.events.store.append(big(i), [])
   const s = rawStream(url, 'late')
@@ -87,4 +89,11 @@ t.test('a replay from the start of a full log is paced by the reader, not buffer
   s.socket.resume()
   t.ok(await waitFor(() => s.text().includes('id: 1000\n'), 10_000), 'all of it arrives once read')
   t.equal(s.text().match(/^id: /gm)?.length, 1000, 'each event once')
+}
+
+t.test('a replay from the start of a full log is paced by the reader, not buffered whole', (t) => pacedReplay(t))
+
+t.test('the same with the Redis store', { skip: needRedis(t) }, async (t) => {
+  const redis = await startRedis(t)
+  await pacedReplay(t, { ...loadConfig({ overrides: {} }).store, kind: 'redis', url: redis.url })
 })

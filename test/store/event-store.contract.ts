@@ -117,6 +117,27 @@ export function eventStoreContract(t: Test, harness: EventStoreHarness): void {
     t.same(liveSeqs, [...new Set(liveSeqs)].sort((x, y) => x - y), 'once each, in order')
   })
 
+  t.test('since with a limit: a page at a time, a snapshot counted as one', async (t) => {
+    const store = await (await harness.backing(t)).open({ clock: new ManualClock(), retention: 5 })
+    for (let i = 1; i <= 8; i++) await store.append(peerGone([`e${i}`]), [])
+    t.same(
+      (await store.since(0, 3)).map((e) => [e.type, e.seq]),
+      [
+        ['snapshot', 3],
+        ['peer_gone', 4],
+        ['peer_gone', 5],
+      ],
+    )
+    t.same(
+      (await store.since(5, 2)).map((e) => e.seq),
+      [6, 7],
+    )
+    t.same(
+      (await store.since(7, 10)).map((e) => e.seq),
+      [8],
+    )
+  })
+
   t.test('retention drops the oldest; an agent behind it gets a snapshot first', async (t) => {
     const clock = new ManualClock()
     const store = await (await harness.backing(t)).open({ clock, retention: 3 })

@@ -216,7 +216,9 @@ export const agentStreamRoutes: FastifyPluginAsync<AgentStreamOptions> = async (
         // Took nothing for a whole interval with its buffer full: the reader is stuck or gone.
         if (raw.writableLength > limit && !drained) return cut(raw, 'stalled')
         drained = raw.writableLength <= limit
-        if (raw.writableLength === 0 && queued.length === 0) raw.write(': keep-alive\n\n')
+        if (raw.writableLength === 0 && queued.length === 0 && !gap) raw.write(': keep-alive\n\n')
+        // Below the socket's own high-water mark a write never asks for 'drain': go on from here.
+        else if (drained) void pump()
       }, opts.keepAliveMs)
       keepAlive.unref()
       raw.once('close', () => {

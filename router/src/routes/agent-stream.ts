@@ -155,8 +155,14 @@ export const agentStreamRoutes: FastifyPluginAsync<AgentStreamOptions> = async (
         reading = true
         try {
           while (res && !res.destroyed && res.writableLength <= limit) {
-            const next = queued.shift()
-            if (next) {
+            const next = queued[0]
+            // Sequences are gapless: a live event past the next one means the log holds some
+            // between (they came while this stream waited on its reader). Read them from it.
+            if (next && next.type !== 'snapshot' && next.seq > sent + 1) {
+              queued = []
+              gap = true
+            } else if (next) {
+              queued.shift()
               write(next)
               continue
             }

@@ -103,6 +103,10 @@ export const RouterConfig = Type.Object(
         // Handoffs one request may fan out into: prompts of a batch × n choices, each a prefill
         // and a decode leg with its own lease. More is refused (400 RTR_ERR_TOO_MANY_HANDOFFS).
         maxHandoffsPerRequest: Type.Integer({ minimum: 1, default: 128 }),
+        // Transfer agents the directory holds (POST /v1/agents). A new agent past it is refused
+        // (503 RTR_ERR_TOO_MANY_AGENTS); one already known, or replacing the one at its
+        // address, is always taken. With the Redis store every router counts all of them.
+        maxAgents: Type.Integer({ minimum: 1, default: 1024 }),
       },
       { default: {}, additionalProperties: false },
     ),
@@ -165,6 +169,13 @@ export const RouterConfig = Type.Object(
         retention: Type.Integer({ minimum: 1, default: 10000 }),
         // A comment line on idle agent streams, so proxies do not close them.
         keepAliveMs: Type.Integer({ minimum: 100, default: 15000 }),
+        // Delivery bookkeeping: the agents each held event is for, summed over distinct lists
+        // (events for the same agents share one). Past it the oldest events go, as past retention.
+        deliveryEntries: Type.Integer({ minimum: 1, default: 1048576 }),
+        // Unsent bytes an agent's event stream may hold; past it the stream reads on from the
+        // log as the agent takes what it has. One that takes nothing for a keep-alive
+        // interval with its buffer full is cut (the agent resumes by sequence).
+        streamBufferBytes: Type.Integer({ minimum: 1024, default: 65536 }),
       },
       { default: {}, additionalProperties: false },
     ),

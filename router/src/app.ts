@@ -148,7 +148,7 @@ export async function buildApp(deps: RouterDeps): Promise<FastifyInstance> {
   const registry = new TopologyRegistry({ clock, policy: config.health, instances: config.instances })
   const metrics = createRouterMetrics()
   const agents = new AgentDirectory({ clock })
-  let agentStreams = { endAll: (): void => {} }
+  let agentStreams = { endAll: (): void => {}, unsent: (): number => 0 }
   const store = await openRouterStore({
     config,
     clock,
@@ -177,6 +177,7 @@ export async function buildApp(deps: RouterDeps): Promise<FastifyInstance> {
     registry,
     logger: app.log.child({ component: 'events' }),
     metrics: { events: metrics.events },
+    maxAgents: config.limits.maxAgents,
     onLogged: (event) => engineNotifier.notify(event),
     ...(shared ? { presence: shared } : {}),
   })
@@ -357,6 +358,7 @@ export async function buildApp(deps: RouterDeps): Promise<FastifyInstance> {
       const connected = agents.filter((a) => a.streams > 0).length
       metrics.agents.set({ state: 'connected' }, connected)
       metrics.agents.set({ state: 'disconnected' }, agents.length - connected)
+      metrics.agentStreamUnsent.set(agentStreams.unsent())
     },
   })
   // Data plane: optional API keys guard every /v1 route.
@@ -384,6 +386,8 @@ export async function buildApp(deps: RouterDeps): Promise<FastifyInstance> {
     onStreams: (streams) => (agentStreams = streams),
     credentials: config.agentToken ? [config.agentToken] : config.apiKeys,
     keepAliveMs: config.events.keepAliveMs,
+    streamBufferBytes: config.events.streamBufferBytes,
+    onCut: (reason) => metrics.agentStreamsCut.inc({ reason }),
     drainMs: Math.min(config.shutdownGraceMs, 5000),
   })
   // Control plane: the admin token, always; without one configured the endpoints are off.

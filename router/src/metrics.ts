@@ -66,6 +66,17 @@ export function createRouterMetrics() {
       labelNames: ['state'] as const,
       registers,
     }),
+    agentStreamsCut: new Counter({
+      name: 'handoff_router_agent_streams_cut_total',
+      help: 'Agent event streams the router cut, by reason (stalled: took nothing for a keep-alive interval with its buffer full; replaced: the agent opened another)',
+      labelNames: ['reason'] as const,
+      registers,
+    }),
+    agentStreamUnsent: new Gauge({
+      name: 'handoff_router_agent_stream_unsent_bytes',
+      help: 'Bytes written to agent event streams that their sockets have not sent yet, all streams together (each is held to events.streamBufferBytes plus one event)',
+      registers,
+    }),
     engineNotifications: new Counter({
       name: 'handoff_router_engine_notifications_total',
       help: 'peer_gone calls to engines without an agent (engine mode), by outcome (ok, failed, not_configured)',

@@ -19,14 +19,26 @@ export async function startSim(t: Teardown, args: string[] = []): Promise<Spawne
   return sim
 }
 
+type Section<V> = V extends readonly unknown[] ? V : V extends object ? Partial<V> : V
+
+/** Config overrides for a test router: a section (`limits`, `events`…) given in part keeps its other defaults. */
+export type RouterOverrides = { [K in keyof Omit<RouterConfig, 'instances'>]?: Section<RouterConfig[K]> }
+
 /** Builds an in-process router (real code, real sockets) in front of the given instances. */
 export async function startRouter(
   t: Teardown,
   instances: InstanceConfig[],
-  overrides: Partial<Omit<RouterConfig, 'instances'>> & { probe?: boolean } = {},
+  overrides: RouterOverrides & { probe?: boolean } = {},
 ): Promise<{ app: FastifyInstance; url: string; logs: Record<string, unknown>[] }> {
   const { probe, ...rest } = overrides
-  const config = { ...loadConfig({ overrides: { port: 0, logLevel: 'warn' } }), instances, ...rest } as RouterConfig
+  const base = loadConfig({ overrides: { port: 0, logLevel: 'warn' } }) as unknown as Record<string, unknown>
+  const merged: Record<string, unknown> = { ...base, instances }
+  for (const [k, v] of Object.entries(rest)) {
+    const b = base[k]
+    const plain = (x: unknown): x is Record<string, unknown> => typeof x === 'object' && x !== null && !Array.isArray(x)
+    merged[k] = plain(v) && plain(b) ? { ...b, ...v } : v
+  }
+  const config = merged as unknown as RouterConfig
   const logs: Record<string, unknown>[] = []
   const sink = new Writable({
     write(chunk: Buffer, _enc, cb) {

@@ -134,7 +134,7 @@ t.test('a request that fans out past limits.maxHandoffsPerRequest is refused bef
       { id: 'p0', role: 'prefill', url: p.url },
       { id: 'd0', role: 'decode', url: d.url },
     ],
-    { probe: false, limits: { bodyBytes: 1 << 20, connectionsPerUpstream: 8, maxInflightPerInstance: 8, maxHandoffsPerRequest: 4 } },
+    { probe: false, limits: { bodyBytes: 1 << 20, connectionsPerUpstream: 8, maxInflightPerInstance: 8, maxHandoffsPerRequest: 4, maxAgents: 1024 } },
   )
   await clear()
   const res = await post(`${r.url}/v1/completions`, { model: MODEL, prompt: ['a', 'b', 'c'], n: 2, max_tokens: 2 })

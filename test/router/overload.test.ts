@@ -32,7 +32,7 @@ function instanceUpSeries(metrics: string): number[] {
 
 t.test('40 concurrent long streams over 8 connections: the decoder stays up, every request answers 200', async (t) => {
   const { url, app } = await startRouter(t, instances, {
-    limits: { bodyBytes: 1 << 20, connectionsPerUpstream: 8, maxInflightPerInstance: 8, maxHandoffsPerRequest: 128 },
+    limits: { bodyBytes: 1 << 20, connectionsPerUpstream: 8, maxInflightPerInstance: 8, maxHandoffsPerRequest: 128, maxAgents: 1024 },
     admission: { queueLength: 100, queueTimeoutMs: 60_000, retryAfterSeconds: 1 },
     health: { intervalMs: 100, timeoutMs: 150, unhealthyThreshold: 3, baseEjectionMs: 5000, maxEjectionMs: 5000 },
   })
@@ -67,7 +67,7 @@ t.test('40 concurrent long streams over 8 connections: the decoder stays up, eve
 
 t.test('a full admission queue answers 429 with Retry-After, never 503, and the decoder stays up', async (t) => {
   const { url, app } = await startRouter(t, instances, {
-    limits: { bodyBytes: 1 << 20, connectionsPerUpstream: 4, maxInflightPerInstance: 4, maxHandoffsPerRequest: 128 },
+    limits: { bodyBytes: 1 << 20, connectionsPerUpstream: 4, maxInflightPerInstance: 4, maxHandoffsPerRequest: 128, maxAgents: 1024 },
     admission: { queueLength: 4, queueTimeoutMs: 60_000, retryAfterSeconds: 2 },
     health: { intervalMs: 100, timeoutMs: 150, unhealthyThreshold: 3, baseEjectionMs: 5000, maxEjectionMs: 5000 },
   })
@@ -89,7 +89,7 @@ t.test('a full admission queue answers 429 with Retry-After, never 503, and the 
 
 t.test('a queued request whose wait runs out gets 429', async (t) => {
   const { url } = await startRouter(t, instances, {
-    limits: { bodyBytes: 1 << 20, connectionsPerUpstream: 2, maxInflightPerInstance: 1, maxHandoffsPerRequest: 128 },
+    limits: { bodyBytes: 1 << 20, connectionsPerUpstream: 2, maxInflightPerInstance: 1, maxHandoffsPerRequest: 128, maxAgents: 1024 },
     admission: { queueLength: 10, queueTimeoutMs: 100, retryAfterSeconds: 1 },
   })
   const body = { model: 'handoff/sim-1', messages: [{ role: 'user', content: 'slow' }], max_tokens: 20 }
@@ -99,7 +99,7 @@ t.test('a queued request whose wait runs out gets 429', async (t) => {
 
 t.test('a client that leaves while queued frees its place', async (t) => {
   const { url } = await startRouter(t, instances, {
-    limits: { bodyBytes: 1 << 20, connectionsPerUpstream: 2, maxInflightPerInstance: 1, maxHandoffsPerRequest: 128 },
+    limits: { bodyBytes: 1 << 20, connectionsPerUpstream: 2, maxInflightPerInstance: 1, maxHandoffsPerRequest: 128, maxAgents: 1024 },
     admission: { queueLength: 1, queueTimeoutMs: 30_000, retryAfterSeconds: 1 },
   })
   const body = { model: 'handoff/sim-1', messages: [{ role: 'user', content: 'leave' }], max_tokens: 10 }

@@ -117,6 +117,27 @@ export function eventStoreContract(t: Test, harness: EventStoreHarness): void {
     t.same(liveSeqs, [...new Set(liveSeqs)].sort((x, y) => x - y), 'once each, in order')
   })
 
+  t.test('since with a limit: a page at a time, a snapshot counted as one', async (t) => {
+    const store = await (await harness.backing(t)).open({ clock: new ManualClock(), retention: 5 })
+    for (let i = 1; i <= 8; i++) await store.append(peerGone([`e${i}`]), [])
+    t.same(
+      (await store.since(0, 3)).map((e) => [e.type, e.seq]),
+      [
+        ['snapshot', 3],
+        ['peer_gone', 4],
+        ['peer_gone', 5],
+      ],
+    )
+    t.same(
+      (await store.since(5, 2)).map((e) => e.seq),
+      [6, 7],
+    )
+    t.same(
+      (await store.since(7, 10)).map((e) => e.seq),
+      [8],
+    )
+  })
+
   t.test('retention drops the oldest; an agent behind it gets a snapshot first', async (t) => {
     const clock = new ManualClock()
     const store = await (await harness.backing(t)).open({ clock, retention: 3 })
@@ -237,6 +258,57 @@ export function eventStoreContract(t: Test, harness: EventStoreHarness): void {
       [2, 30],
       [1, 40],
     ])
+  })
+
+  // Issue 18 item 3: every collection a caller can grow has a bound, delivery bookkeeping too.
+  t.test('events expecting the same agents share their delivery bookkeeping', async (t) => {
+    const clock = new ManualClock()
+    const delivered: number[] = []
+    const store = await (await harness.backing(t)).open({ clock, onDelivered: (e) => delivered.push(e.seq) })
+    const agents = Array.from({ length: 50 }, (_, i) => `agent-${i}`)
+    for (let i = 1; i <= 100; i++) await store.append(peerGone([`e${i}`]), agents)
+    // A lease release for one owner between peer_gones for all of them.
+    for (let i = 1; i <= 20; i++) {
+      await store.append(peerGone([`f${i}`]), agents)
+      await store.append(release(`r${i}`), ['agent-1'])
+    }
+    t.match(await store.stats(), { events: 140, tracked: 51 }, 'the 50 agents held once, the owner once: not 5,020 entries')
+    await store.ack('agent-0', 100)
+    t.same((await store.delivery(100))?.applied, ['agent-0'], 'delivery is still per event')
+    t.same((await store.delivery(101))?.applied, [])
+    for (const a of agents) await store.ack(a, 2)
+    t.same(delivered, [1, 2], 'delivered once all 50 acknowledged')
+    await store.ack('agent-1', 102)
+    t.same(delivered, [1, 2, 102], 'the lease release waited for its owner alone')
+    t.same((await store.delivery(102))?.expected, ['agent-1'])
+    t.equal(await store.undelivered(new Set(['agent-0'])), 20, 'the peer_gones after 100 still wait for agent-0')
+  })
+
+  t.test('past deliveryEntries the oldest events go, as past retention', async (t) => {
+    const clock = new ManualClock()
+    const store = await (await harness.backing(t)).open({ clock, retention: 100, deliveryEntries: 10 })
+    // Six events, each for four agents no other event is for.
+    for (let i = 1; i <= 6; i++) await store.append(peerGone([`e${i}`]), ['a', 'b', 'c', 'd'].map((x) => `${x}${i}`))
+    t.match(await store.stats(), { events: 2, tracked: 8 }, 'two events fit in 10 entries')
+    t.equal(await store.first(), 5)
+    t.equal((await store.since(0))[0]?.type, 'snapshot', 'an agent behind them gets a snapshot, as behind retention')
+    t.equal(await store.delivery(4), undefined)
+    t.same((await store.delivery(6))?.expected, ['a6', 'b6', 'c6', 'd6'])
+    await store.append(peerGone(['big']), Array.from({ length: 20 }, (_, i) => `x${i}`))
+    t.match(await store.stats(), { events: 1, tracked: 20 }, 'the newest event is kept, whatever it is for')
+    t.equal(await store.first(), 7)
+    await store.append(peerGone(['none']), [])
+    t.match(await store.stats(), { events: 1, tracked: 0 }, 'the next event, for nobody, pushes out the one past the bound')
+  })
+
+  t.test('acks of agents no held event is for are forgotten past ackFloor', async (t) => {
+    const store = await (await harness.backing(t)).open({ clock: new ManualClock(), ackFloor: 4 })
+    await store.append(peerGone(['e1']), ['a'])
+    await store.ack('a', 1)
+    for (let i = 0; i < 50; i++) await store.ack(`left-${i}`, 1)
+    t.ok((await store.stats()).acks <= 5, 'at most ackFloor, plus the one taken since')
+    t.equal(await store.acked('a'), 1, 'an agent a held event is for keeps its ack')
+    t.same((await store.delivery(1))?.applied, ['a'])
   })
 
   if (harness.shared) {

@@ -1,3 +1,4 @@
+import { connect, createServer, type AddressInfo, type Socket } from 'node:net'
 import { freePort } from '../../common/ports.js'
 import type { FastifyInstance } from 'fastify'
 import pino from 'pino'
@@ -137,6 +138,68 @@ t.test('a router that forgot the agent (404 on acks) is registered with again', 
   await post(`${url}/v1/agents`, { agentId: 'a-x', engineId: 'gx', role: 'prefill', agentUrl: 'http://127.0.0.1:7300' })
   await post(`${url}/fault_tolerance/event`, { event_type: 'peer_gone', nodes: { engine_ids: ['gx'] } }, admin)
   t.ok(await waitFor(() => app.events.agents.get('agent-1') !== undefined && l.status().lastAcked === 1, 5000), 'registered again and acked')
+})
+
+/**
+ * A TCP proxy in front of a router whose router-to-agent direction can be stopped: the agent
+ * then reads nothing, as a stuck agent process would, while the router writes on.
+ */
+async function pausableProxy(t: { teardown(fn: () => unknown): void }, target: string): Promise<{ url: string; pause(): void; resume(): void }> {
+  const { hostname, port } = new URL(target)
+  const pairs: { from: Socket; to: Socket }[] = []
+  let paused = false
+  const server = createServer((client) => {
+    const upstream = connect(Number(port), hostname)
+    client.on('error', () => upstream.destroy())
+    upstream.on('error', () => client.destroy())
+    client.pipe(upstream)
+    if (!paused) upstream.pipe(client)
+    else upstream.pause()
+    pairs.push({ from: upstream, to: client })
+  })
+  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve))
+  t.teardown(() => {
+    for (const p of pairs) p.from.destroy()
+    server.close()
+  })
+  return {
+    url: `http://127.0.0.1:${(server.address() as AddressInfo).port}`,
+    pause: () => {
+      paused = true
+      for (const p of pairs) {
+        p.from.unpipe(p.to)
+        p.from.pause()
+      }
+    },
+    resume: () => {
+      paused = false
+      for (const p of pairs) p.from.pipe(p.to)
+    },
+  }
+}
+
+t.test('a stream the router cut (the agent read nothing for a while) resumes after the last applied event', async (t) => {
+  const { app, url } = await startRouter(t, [], { probe: false, events: { keepAliveMs: 100, streamBufferBytes: 16384 } })
+  const proxy = await pausableProxy(t, url)
+  const target = new Target()
+  const { link: l } = link(t, [proxy.url], target)
+  l.attached({ engineId: 'p-cut', role: 'prefill', agentUrl: 'http://127.0.0.1:7401' })
+  t.ok(await waitFor(() => l.status().connected, 5000))
+  const release = (i: number) => ({ prefillEngineId: 'p-cut', requestIds: [`r${i}`, ...Array.from({ length: 40 }, (_, k) => `${'q'.repeat(200)}-${i}-${k}`)], reason: 'client_gone' })
+  await app.events.releaseLease(release(0))
+  t.ok(await waitFor(() => l.status().lastAcked === 1, 5000), 'the first event applied')
+  proxy.pause()
+  // About 9 KB each, 18 MB in all: more than the sockets between them hold.
+  for (let i = 1; i < 2000; i++) await app.events.releaseLease(release(i))
+  const cut = async () => /handoff_router_agent_streams_cut_total\{reason="stalled"\} 1/.test((await get(`${url}/metrics`)).text)
+  t.ok(await waitFor(cut, 10_000), 'the router cut the stream that took nothing')
+  const applied = l.status().lastApplied
+  t.ok(applied < 2000, `the agent had applied ${applied} of 2000`)
+  proxy.resume()
+  t.ok(await waitFor(() => l.status().lastApplied === 2000 && l.status().lastAcked === 2000, 20_000), 'it reconnected and applied the rest')
+  const ids = target.released.filter((id) => /^r\d+$/.test(id))
+  t.same(ids, Array.from({ length: 2000 }, (_, i) => `r${i}`), 'every event once, in order: none lost, none applied twice')
+  t.equal(app.events.agents.get('agent-1')?.streams, 1, 'one stream open again')
 })
 
 t.test('SSE frames', async (t) => {

@@ -47,6 +47,17 @@ export class AgentDirectory {
     return this.#agents.size
   }
 
+  /**
+   * Whether `reg` would add a record: a new agentId at an address no agent holds. A known
+   * agent registering again, or a new one replacing the agent at its address, would not.
+   */
+  wouldGrow(reg: AgentRegistration): boolean {
+    if (this.#agents.has(reg.agentId)) return false
+    const peerAddress = new URL(reg.agentUrl).host
+    for (const a of this.#agents.values()) if (a.peerAddress === peerAddress) return false
+    return true
+  }
+
   register(reg: AgentRegistration, instanceId: string | undefined): Registered {
     const now = this.#clock.now()
     const peerAddress = new URL(reg.agentUrl).host

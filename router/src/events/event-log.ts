@@ -25,6 +25,16 @@ export interface Delivery {
   expected: string[]
 }
 
+/** What the delivery bookkeeping holds now (its bounds: DESIGN "Security", issue 18 item 3). */
+export interface LogStats {
+  /** Events held. */
+  events: number
+  /** Expected agents, summed over the distinct lists the held events share. */
+  tracked: number
+  /** Agents with an acknowledgement on record. */
+  acks: number
+}
+
 export interface EventLogOptions {
   clock: Clock
   /**
@@ -39,14 +49,40 @@ export interface EventLogOptions {
   goneTtlMs?: number
   /** Called once per event when the last expected agent acknowledged it (delivery metrics). */
   onDelivered?: (event: LoggedEvent, ms: number) => void
+  /**
+   * Expected agents the delivery bookkeeping may hold, summed over the distinct lists of the
+   * held events (default 1,048,576). Past it the oldest events go, as past retention; the
+   * newest is always kept.
+   */
+  deliveryEntries?: number
+  /**
+   * Acknowledgements kept for agents no held event is for: once more agents than this (or
+   * twice `tracked`) have one on record, theirs are forgotten (default 1024).
+   */
+  ackFloor?: number
+}
+
+/**
+ * The agents an event is for. Events logged for the same list (a peer_gone for every agent,
+ * again and again) share one: held once, counted once.
+ */
+interface Roster {
+  readonly ids: readonly string[]
+  /** For membership; built on the first acknowledgement that needs it. */
+  set: Set<string> | undefined
+  /** Held events that share it. */
+  events: number
 }
 
 interface Entry {
   event: LoggedEvent
-  expected: readonly string[]
-  /** Expected agents that have not acknowledged it yet; empty: delivered. */
-  waiting: Set<string>
+  roster: Roster
+  /** Expected agents that have not acknowledged it yet; 0: delivered (or for nobody). */
+  left: number
 }
+
+/** Rosters kept to be shared by the next events (a peer_gone's and a lease_release's alternate). */
+const RECENT_ROSTERS = 8
 
 export class EventLog {
   readonly id: string
@@ -54,7 +90,13 @@ export class EventLog {
   readonly #retention: number
   readonly #goneTtlMs: number
   readonly #onDelivered: EventLogOptions['onDelivered']
+  readonly #deliveryEntries: number
+  readonly #ackFloor: number
+  /** Held entries are #entries[#head..]; the head moves instead of the array shifting. */
   #entries: Entry[] = []
+  #head = 0
+  #tracked = 0
+  #recent: Roster[] = []
   #seq = 0
   /** Gone engine_id → when (wall ms); insertion order is age order. */
   readonly #gone = new Map<string, number>()
@@ -68,7 +110,14 @@ export class EventLog {
     this.#retention = opts.retention ?? 10_000
     this.#goneTtlMs = opts.goneTtlMs ?? 10 * 60_000
     this.#onDelivered = opts.onDelivered
+    this.#deliveryEntries = opts.deliveryEntries ?? 1 << 20
+    this.#ackFloor = opts.ackFloor ?? 1024
     if (!(Number.isInteger(this.#retention) && this.#retention > 0)) throw new RangeError(`retention must be a positive integer, got ${this.#retention}`)
+    if (!(Number.isInteger(this.#deliveryEntries) && this.#deliveryEntries > 0)) throw new RangeError(`deliveryEntries must be a positive integer, got ${this.#deliveryEntries}`)
+  }
+
+  get stats(): LogStats {
+    return { events: this.size, tracked: this.#tracked, acks: this.#acks.size }
   }
 
   get last(): number {
@@ -77,11 +126,11 @@ export class EventLog {
 
   /** The oldest sequence still held (last + 1 when empty). */
   get first(): number {
-    return this.#entries[0]?.event.seq ?? this.#seq + 1
+    return this.#entries[this.#head]?.event.seq ?? this.#seq + 1
   }
 
   get size(): number {
-    return this.#entries.length
+    return this.#entries.length - this.#head
   }
 
   /** Appends an event for `expected` agents; listeners (open streams) see it at once. */
@@ -94,10 +143,39 @@ export class EventLog {
       }
       this.#pruneGone()
     }
-    this.#entries.push({ event, expected: [...expected], waiting: new Set(expected) })
-    if (this.#entries.length > this.#retention) this.#entries = this.#entries.slice(this.#entries.length - this.#retention)
+    const roster = this.#roster(expected)
+    this.#entries.push({ event, roster, left: roster.ids.length })
+    while (this.size > this.#retention || (this.#tracked > this.#deliveryEntries && this.size > 1)) this.#dropOldest()
     for (const fn of [...this.#listeners]) fn(event)
     return event
+  }
+
+  /** The roster for `expected`: a recent one with the same agents, or a new one. */
+  #roster(expected: readonly string[]): Roster {
+    const ids = [...new Set(expected)]
+    let roster = this.#recent.find((r) => r.ids.length === ids.length && r.ids.every((id, i) => id === ids[i]))
+    if (!roster) {
+      roster = { ids, set: undefined, events: 0 }
+      this.#recent.push(roster)
+      if (this.#recent.length > RECENT_ROSTERS) this.#recent.shift()
+    }
+    if (roster.events++ === 0) this.#tracked += roster.ids.length
+    return roster
+  }
+
+  #dropOldest(): void {
+    const e = this.#entries[this.#head] as Entry
+    this.#entries[this.#head] = undefined as unknown as Entry
+    this.#head++
+    // Amortised: the array is cut once the dropped head is most of it.
+    if (this.#head > 1024 && this.#head * 2 > this.#entries.length) {
+      this.#entries = this.#entries.slice(this.#head)
+      this.#head = 0
+    }
+    if (--e.roster.events === 0) {
+      this.#tracked -= e.roster.ids.length
+      e.roster.set = undefined
+    }
   }
 
   /**
@@ -113,12 +191,12 @@ export class EventLog {
 
   /**
    * What an agent that applied everything up to `after` needs: the events after it, with a
-   * snapshot first when some of them are no longer held.
+   * snapshot first when some of them are no longer held; at most `limit` (a snapshot counts).
    */
-  since(after: number): RouterEvent[] {
+  since(after: number, limit = Infinity): RouterEvent[] {
     const out: RouterEvent[] = []
     if (after < this.first - 1) out.push(this.snapshot())
-    for (const e of this.#entries) if (e.event.seq > after) out.push(e.event)
+    for (let i = this.#indexAfter(after); i < this.#entries.length && out.length < limit; i++) out.push((this.#entries[i] as Entry).event)
     return out
   }
 
@@ -136,7 +214,7 @@ export class EventLog {
 
   /** The latest peer_gone naming every one of `engineIds`, if still held (for idempotent answers). */
   lastPeerGone(engineIds: readonly string[]): PeerGoneEvent | undefined {
-    for (let i = this.#entries.length - 1; i >= 0; i--) {
+    for (let i = this.#entries.length - 1; i >= this.#head; i--) {
       const e = (this.#entries[i] as Entry).event
       if (e.type === 'peer_gone' && engineIds.every((id) => e.engineIds.includes(id))) return e
     }
@@ -149,16 +227,28 @@ export class EventLog {
     if (seq <= before) return
     this.#acks.set(agentId, seq)
     // Only the events this ack newly covers: the cost follows the acks, not the log's size.
+    // Each is covered once per agent (acks only move forward), so `left` counts each agent once.
     for (let i = this.#indexAfter(before); i < this.#entries.length; i++) {
       const e = this.#entries[i] as Entry
       if (e.event.seq > seq) break
-      if (e.waiting.delete(agentId) && e.waiting.size === 0) this.#onDelivered?.(e.event, this.#clock.now() - e.event.at)
+      if (e.left > 0 && isIn(e.roster, agentId) && --e.left === 0) this.#onDelivered?.(e.event, this.#clock.now() - e.event.at)
     }
+    if (this.#acks.size > Math.max(this.#ackFloor, 2 * this.#tracked)) this.#forgetAcks()
+  }
+
+  /**
+   * Forgets the acks of agents no held event is for (agents long gone from the directory).
+   * Safe for delivery: an ack that comes again covers only events whose roster lacks them.
+   */
+  #forgetAcks(): void {
+    const expected = new Set<string>()
+    for (let i = this.#head; i < this.#entries.length; i++) for (const id of (this.#entries[i] as Entry).roster.ids) expected.add(id)
+    for (const a of this.#acks.keys()) if (!expected.has(a)) this.#acks.delete(a)
   }
 
   /** Index of the first held entry with seq > `seq` (entries are in seq order). */
   #indexAfter(seq: number): number {
-    let lo = 0
+    let lo = this.#head
     let hi = this.#entries.length
     while (lo < hi) {
       const mid = (lo + hi) >> 1
@@ -170,10 +260,15 @@ export class EventLog {
 
   /** Held events still waiting for an acknowledgement from one of `agents`. */
   undelivered(agents: ReadonlySet<string>): number {
+    if (agents.size === 0) return 0
+    // Only what lies after the slowest of them can still wait for one of them.
+    const slowest = Math.min(...[...agents].map((a) => this.#acks.get(a) ?? 0))
     let n = 0
-    for (const e of this.#entries) {
-      for (const a of e.waiting) {
-        if (agents.has(a)) {
+    for (let i = this.#indexAfter(slowest); i < this.#entries.length; i++) {
+      const e = this.#entries[i] as Entry
+      if (e.left === 0) continue
+      for (const a of agents) {
+        if ((this.#acks.get(a) ?? 0) < e.event.seq && isIn(e.roster, a)) {
           n++
           break
         }
@@ -187,13 +282,14 @@ export class EventLog {
   }
 
   delivery(seq: number): Delivery | undefined {
-    const entry = this.#entries.find((e) => e.event.seq === seq)
-    if (!entry) return undefined
+    const entry = this.#entries[this.#indexAfter(seq - 1)]
+    if (!entry || entry.event.seq !== seq) return undefined
+    const { ids } = entry.roster
     return {
       seq,
       type: entry.event.type,
-      expected: [...entry.expected],
-      applied: entry.expected.filter((a) => (this.#acks.get(a) ?? 0) >= seq),
+      expected: [...ids],
+      applied: ids.filter((a) => (this.#acks.get(a) ?? 0) >= seq),
     }
   }
 
@@ -209,4 +305,10 @@ export class EventLog {
       this.#gone.delete(id)
     }
   }
+}
+
+function isIn(roster: Roster, agentId: string): boolean {
+  if (roster.ids.length < 16) return roster.ids.includes(agentId)
+  roster.set ??= new Set(roster.ids)
+  return roster.set.has(agentId)
 }

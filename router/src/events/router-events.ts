@@ -1,7 +1,9 @@
 import type { AgentRegistration } from '../../../schemas/events.js'
 import type { EventStore } from '../store/event-store.js'
 import type { TopologyRegistry } from '../topology/registry.js'
+import { RTR_ERR_TOO_MANY_AGENTS } from '../errors.js'
 import { AgentDirectory, type AgentRecord } from './agent-directory.js'
+import { BoundedSet } from './bounded-set.js'
 import type { LeaseReleaseInput, LoggedEvent } from './event-log.js'
 
 /**
@@ -58,9 +60,11 @@ export class RouterEvents {
   readonly #metrics: RouterEventsMetrics | undefined
   /**
    * Engine_ids seen before (agents, replaced incarnations); with the instances' current ones
-   * from the registry (learned from prefill answers) they are what "known" means.
+   * from the registry (learned from prefill answers) they are what "known" means. Bounded:
+   * re-registrations under new engine_ids add one each.
    */
-  readonly #known = new Set<string>()
+  readonly #known: BoundedSet<string>
+  readonly #maxAgents: number
 
   readonly #presence: StreamPresence
   readonly #onLogged: ((event: LoggedEvent) => void) | undefined
@@ -83,7 +87,13 @@ export class RouterEvents {
     onLogged?: (event: LoggedEvent) => void
     /** How often a decision the store refused is tried again, ms (default 1000). */
     retryMs?: number
+    /** Agents the directory may hold (default 1024); past it a new agent is refused. */
+    maxAgents?: number
+    /** Engine_ids remembered as seen (default 8 per agent the directory may hold, at least 4096). */
+    knownEngineIds?: number
   }) {
+    this.#maxAgents = opts.maxAgents ?? 1024
+    this.#known = new BoundedSet(opts.knownEngineIds ?? Math.max(4096, 8 * this.#maxAgents))
     this.store = opts.store
     this.agents = opts.agents
     this.#registry = opts.registry
@@ -207,6 +217,8 @@ export class RouterEvents {
    * next prefill answer, a crash, or ops do that.
    */
   async registerAgent(reg: AgentRegistration): Promise<AgentRecord> {
+    // Before anything is recorded.
+    if (this.agents.size >= this.#maxAgents && this.agents.wouldGrow(reg)) throw new RTR_ERR_TOO_MANY_AGENTS(this.#maxAgents, reg.agentId)
     const instance = reg.engineUrl ? this.#instanceByUrl(reg.engineUrl) : undefined
     const { record, gone } = this.agents.register(reg, instance)
     this.#known.add(reg.engineId)

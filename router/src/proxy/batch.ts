@@ -1,15 +1,22 @@
+import { SharedBody, type BodyView } from './shared-body.js'
+
 type Body = Record<string, unknown>
 
 /**
  * One handoff of a request that needs several: prompt `prompt`'s choice `choice`, whose one
- * choice is numbered `index` in the merged answer.
+ * choice is numbered `index` in the merged answer. `view` is its body, sharing the client's
+ * (`body` materialises it, for inspection).
  */
 export interface SubRequest {
-  body: Body
+  view: BodyView
+  readonly body: Body
   prompt: number
   choice: number
   index: number
 }
+
+/** The members splitRequest changes. */
+export const SPLIT_MEMBERS: readonly string[] = ['prompt', 'n', 'seed']
 
 /**
  * A request becomes one handoff per prompt and choice (DESIGN "One request, end to end"):
@@ -21,19 +28,29 @@ export interface SubRequest {
  *   freed (and may have reused). Each choice is its own handoff with `n: 1` and its own lease;
  *   with a `seed`, choice j gets `seed + j`, so seeded choices still differ.
  * Sub-requests come prompt-major, as vLLM numbers a batch's choices (prompt i, choice j →
- * index i·n + j). Returns undefined when the request is one handoff as it is.
+ * index i·n + j). Each sub-request is a view of `root` (default: of `body`, as it is): no
+ * sub-request copies the client's body (issue 18 item 3). Returns undefined when the request
+ * is one handoff as it is.
  */
-export function splitRequest(body: Body, path: string): SubRequest[] | undefined {
+export function splitRequest(body: Body, path: string, root: BodyView = new SharedBody(body, SPLIT_MEMBERS).view()): SubRequest[] | undefined {
   const prompts = path === '/v1/completions' ? batchPrompts(body) : undefined
   const n = typeof body.n === 'number' && body.n > 1 ? body.n : 1
   if (!prompts && n === 1) return undefined
   const subs: SubRequest[] = []
-  const bodies = prompts ? prompts.map((p) => ({ ...body, prompt: p })) : [body]
-  bodies.forEach((b, prompt) => {
+  const seed = root.get('seed')
+  const views = prompts ? prompts.map((p) => root.with({ prompt: p })) : [root]
+  views.forEach((v, prompt) => {
     for (let choice = 0; choice < n; choice++) {
-      const one: Body = n > 1 ? { ...b, n: 1 } : b
-      if (n > 1 && typeof b.seed === 'number') one.seed = b.seed + choice
-      subs.push({ body: one, prompt, choice, index: prompt * n + choice })
+      const view = n === 1 ? v : v.with(typeof seed === 'number' ? { n: 1, seed: seed + choice } : { n: 1 })
+      subs.push({
+        view,
+        get body() {
+          return view.toObject()
+        },
+        prompt,
+        choice,
+        index: prompt * n + choice,
+      })
     }
   })
   return subs

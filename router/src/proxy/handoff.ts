@@ -7,7 +7,8 @@ import type { RouterMetrics } from '../metrics.js'
 import type { InstanceView, TopologyRegistry } from '../topology/registry.js'
 import type { Route } from '../topology/selection.js'
 import type { Exchange, Handoff } from './exchange.js'
-import { decodeBody, prefillBody } from './legs.js'
+import { decodeView, prefillView } from './legs.js'
+import type { BodyView } from './shared-body.js'
 import { LegFailure, type Upstream, type UpstreamAnswer, type UpstreamCall } from './upstream.js'
 
 export interface HandoffTimeouts {
@@ -60,12 +61,12 @@ export class HandoffRunner {
     this.#d = deps
   }
 
-  async run(ex: Exchange, body: Body, path: string): Promise<Answer> {
-    const model = body.model as string
+  async run(ex: Exchange, body: BodyView, path: string): Promise<Answer> {
+    const model = body.get('model') as string
     const h = ex.handoff(this.#newId())
     const route = await this.#d.admission.admit({ model, signal: ex.signal, onMode: (m) => (ex.mode = m) })
     ex.hold(route)
-    if (route.mode === 'single') return this.#decode(ex, h, route, route.target, decodeBody(body, undefined), path, this.#headers(h))
+    if (route.mode === 'single') return this.#decode(ex, h, route, route.target, decodeView(body, undefined), path, this.#headers(h))
     return this.#pd(ex, h, route, body, path, this.#d.onLapsed === 'reprefill')
   }
 
@@ -74,7 +75,7 @@ export class HandoffRunner {
    * dispatched (DESIGN step 5): by policy it is prefilled once more on a fresh pair, under a
    * new engine request id and a new lease, or the request fails with RTR_ERR_LEASE_LAPSED.
    */
-  async #pd(ex: Exchange, h: Handoff, route: PdRoute, body: Body, path: string, mayReprefill: boolean): Promise<Answer> {
+  async #pd(ex: Exchange, h: Handoff, route: PdRoute, body: BodyView, path: string, mayReprefill: boolean): Promise<Answer> {
     const { clock, metrics } = this.#d
     const headers = this.#headers(h)
     const started = clock.monotonic()
@@ -89,14 +90,14 @@ export class HandoffRunner {
     if (h.lapsed()) {
       const where = `handoff ${h.engineRequestId} prefilled on ${pd.prefill.id}`
       if (!mayReprefill) throw new RTR_ERR_LEASE_LAPSED(where)
-      const again = this.#d.admission.retryRoute(body.model as string, new Set(), 'pd')
+      const again = this.#d.admission.retryRoute(body.get('model') as string, new Set(), 'pd')
       if (!again) throw new RTR_ERR_LEASE_LAPSED(`${where}; no prefiller is free to prefill again`)
       ex.hold(again)
       ex.release(pd.decode.id)
       ex.log.warn({ handoff: h.engineRequestId, prefill: pd.prefill.id }, 'lease lapsed before the decode leg; prefilling again')
       return this.#pd(ex, ex.handoff(this.#newId()), again, body, path, false)
     }
-    const answer = await this.#decode(ex, h, pd, pd.decode, decodeBody(body, prefilled.params), path, headers)
+    const answer = await this.#decode(ex, h, pd, pd.decode, decodeView(body, prefilled.params), path, headers)
     metrics.handoffGap.observe((clock.monotonic() - prefillDone) / 1000)
     const pairs = this.#d.pairs
     if (prefilled.params && answer.kind === 'upstream' && pairs) {
@@ -123,8 +124,8 @@ export class HandoffRunner {
   }
 
   /** The decode leg (or the one leg of a single route) up to D's response head. */
-  async #decode(ex: Exchange, h: Handoff, route: Route, d: InstanceView, body: Body, path: string, headers: Record<string, string>): Promise<Answer> {
-    const payload = JSON.stringify(body)
+  async #decode(ex: Exchange, h: Handoff, route: Route, d: InstanceView, body: BodyView, path: string, headers: Record<string, string>): Promise<Answer> {
+    const payload = body.payload()
     const call = (target: InstanceView): UpstreamCall => ({
       target,
       leg: route.mode === 'pd' ? 'decode' : 'single',
@@ -144,7 +145,7 @@ export class HandoffRunner {
       // D refused the connection: it never saw P's params, so another decoder may use them.
       const refused = err instanceof LegFailure && err.retryable
       if (refused) h.refused()
-      const other = refused ? this.#otherDecoder(ex, route, body.model as string, d) : undefined
+      const other = refused ? this.#otherDecoder(ex, route, body.get('model') as string, d) : undefined
       if (!other) throw this.#decodeFailed(h, err)
       ex.release(d.id)
       if (h.lapsed()) throw new RTR_ERR_LEASE_LAPSED(`handoff ${h.engineRequestId}: ${d.id} refused the connection and the lease ran out`)
@@ -164,7 +165,7 @@ export class HandoffRunner {
     ex: Exchange,
     h: Handoff,
     route: PdRoute,
-    body: Body,
+    body: BodyView,
     path: string,
     headers: Record<string, string>,
   ): Promise<[PdRoute, Prefilled]> {
@@ -172,7 +173,7 @@ export class HandoffRunner {
       return [route, await this.#prefill(ex, h, route.prefill, body, path, headers)]
     } catch (err) {
       if (!(err instanceof LegFailure) || !err.retryable) throw err
-      const other = this.#d.admission.retryRoute(body.model as string, new Set([route.prefill.id]), 'pd')
+      const other = this.#d.admission.retryRoute(body.get('model') as string, new Set([route.prefill.id]), 'pd')
       if (!other) throw err
       ex.hold(other)
       ex.release(route.prefill.id)
@@ -182,13 +183,13 @@ export class HandoffRunner {
   }
 
   /** One prefill call: P's params (undefined when it could not hold the blocks), or its own 4xx. */
-  async #prefill(ex: Exchange, h: Handoff, p: InstanceView, body: Body, path: string, headers: Record<string, string>): Promise<Prefilled> {
+  async #prefill(ex: Exchange, h: Handoff, p: InstanceView, body: BodyView, path: string, headers: Record<string, string>): Promise<Prefilled> {
     const { upstream, metrics, registry } = this.#d
     const call: UpstreamCall = {
       target: p,
       leg: 'prefill',
       path,
-      payload: JSON.stringify(prefillBody(body)),
+      payload: prefillView(body).payload(),
       headers,
       signal: ex.signal,
       headersTimeoutMs: this.#d.timeouts.prefillMs,

@@ -1,6 +1,21 @@
 import { PREFILL_REQUEST_PARAMS } from '../../../schemas/kv-transfer-params.js'
+import type { BodyView } from './shared-body.js'
 
 type Body = Record<string, unknown>
+
+/** Client options the prefill leg drops (see prefillBody). */
+const PREFILL_DROPPED = ['stream_options', 'min_tokens', 'min_completion_tokens', 'stop', 'stop_token_ids', 'best_of'] as const
+
+/** What the prefill leg sets, in this order (appended where the client did not send them). */
+function prefillFields(get: (key: string) => unknown): Body {
+  const out: Body = { kv_transfer_params: { ...PREFILL_REQUEST_PARAMS }, stream: false, max_tokens: 1, ignore_eos: true, n: 1 }
+  const mct = get('max_completion_tokens')
+  if (mct !== undefined && mct !== null) out.max_completion_tokens = 1
+  return out
+}
+
+/** Every member a leg may change: SharedBody serialises the others once for all legs. */
+export const LEG_MEMBERS: readonly string[] = ['kv_transfer_params', 'stream', 'max_tokens', 'ignore_eos', 'n', 'max_completion_tokens', 'vllm_xargs', ...PREFILL_DROPPED]
 
 /**
  * The prefill leg's body (protocol reference §1.2, §8 item 1): the client's body with
@@ -11,18 +26,14 @@ type Body = Record<string, unknown>
  * dropped (0) and one choice is asked for. D gets the client's own settings back.
  */
 export function prefillBody(body: Body): Body {
-  const {
-    stream_options: _so,
-    min_tokens: _mt,
-    min_completion_tokens: _mct,
-    stop: _stop,
-    stop_token_ids: _sti,
-    best_of: _bo,
-    ...rest
-  } = withoutClientParams(body)
-  const out: Body = { ...rest, kv_transfer_params: { ...PREFILL_REQUEST_PARAMS }, stream: false, max_tokens: 1, ignore_eos: true, n: 1 }
-  if (body.max_completion_tokens !== undefined && body.max_completion_tokens !== null) out.max_completion_tokens = 1
-  return out
+  const rest = { ...withoutClientParams(body) }
+  for (const k of PREFILL_DROPPED) delete rest[k]
+  return { ...rest, ...prefillFields((k) => body[k]) }
+}
+
+/** prefillBody on a view of a body already without client params (clientView). */
+export function prefillView(view: BodyView): BodyView {
+  return view.without(PREFILL_DROPPED).with(prefillFields((k) => view.get(k)))
 }
 
 /**
@@ -34,13 +45,18 @@ export function decodeBody(body: Body, params: Record<string, unknown> | undefin
   return params === undefined ? own : { ...own, kv_transfer_params: params }
 }
 
+/** decodeBody on a view of a body already without client params (clientView). */
+export function decodeView(view: BodyView, params: Record<string, unknown> | undefined): BodyView {
+  return params === undefined ? view : view.without(['kv_transfer_params']).with({ kv_transfer_params: params })
+}
+
 /**
  * The body without any kv_transfer_params the client sent: at the top level, and inside
  * `vllm_xargs`, which vLLM copies into SamplingParams.extra_args where its connector reads
  * kv_transfer_params too (issue 18): either would let a client name the host D reads from.
  * The same object when there is nothing to drop.
  */
-function withoutClientParams(body: Body): Body {
+export function withoutClientParams(body: Body): Body {
   const xargs = body.vllm_xargs
   const inXargs = typeof xargs === 'object' && xargs !== null && !Array.isArray(xargs) && 'kv_transfer_params' in xargs
   if (body.kv_transfer_params === undefined && !inXargs) return body

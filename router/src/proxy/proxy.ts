@@ -1,10 +1,11 @@
 import { Readable } from 'node:stream'
 import type { FastifyReply, FastifyRequest } from 'fastify'
 import { errorEvent, isRouterError, RTR_ERR_INTERNAL, RTR_ERR_TOO_MANY_HANDOFFS, type CodedError, type RouterErrorCode } from '../errors.js'
-import { EngineErrorEvent, mergeCompletions, mergeStreams, splitRequest, type SubRequest } from './batch.js'
+import { EngineErrorEvent, mergeCompletions, mergeStreams, SPLIT_MEMBERS, splitRequest, type SubRequest } from './batch.js'
 import { ClientGone, Exchange, type ExchangeDeps } from './exchange.js'
 import { HandoffRunner, type Answer, type HandoffDeps } from './handoff.js'
-import { wantsStream } from './legs.js'
+import { LEG_MEMBERS, wantsStream, withoutClientParams } from './legs.js'
+import { SharedBody } from './shared-body.js'
 import { relaySse } from './relay.js'
 import { LegFailure } from './upstream.js'
 
@@ -35,10 +36,12 @@ export class CompletionProxy {
     const ex = new Exchange(this.#deps, req.id, reply, req.log)
     const body = req.body as Body
     try {
-      const subs = splitRequest(body, path)
+      // Every leg of every handoff is a view of this one body, serialised once (shared-body.ts).
+      const root = new SharedBody(withoutClientParams(body), [...LEG_MEMBERS, ...SPLIT_MEMBERS]).view()
+      const subs = splitRequest(body, path, root)
       if (subs && subs.length > this.#deps.maxHandoffsPerRequest) throw new RTR_ERR_TOO_MANY_HANDOFFS(subs.length, this.#deps.maxHandoffsPerRequest)
       if (subs && subs.length > 1) return await this.#batch(ex, reply, body, subs, path)
-      const answer = await this.#runner.run(ex, subs?.[0]?.body ?? body, path)
+      const answer = await this.#runner.run(ex, subs?.[0]?.view ?? root, path)
       return await this.#respond(ex, reply, answer, wantsStream(body))
     } catch (err) {
       return this.#failed(ex, reply, err)
@@ -82,7 +85,7 @@ export class CompletionProxy {
   async #batch(ex: Exchange, reply: FastifyReply, body: Body, subs: SubRequest[], path: string): Promise<FastifyReply> {
     const answers = await allOrStop(
       ex,
-      subs.map((s) => this.#runner.run(ex, s.body, path)),
+      subs.map((s) => this.#runner.run(ex, s.view, path)),
     )
     const bad = answers.find((a) => a.kind === 'engine-error' || a.answer.res.statusCode >= 400)
     if (bad) {

@@ -1,7 +1,9 @@
+import { Readable } from 'node:stream'
 import { request, type Dispatcher } from 'undici'
 import type { CodedError, RouterErrorCode } from '../errors.js'
 import type { RouterMetrics } from '../metrics.js'
 import type { TopologyRegistry } from '../topology/registry.js'
+import type { Payload } from './shared-body.js'
 import { ClientGone } from './exchange.js'
 import { isConnectFailure, mapUpstreamFailure, upstreamErrorDetail, type Leg, type UpstreamFailure } from './upstream-errors.js'
 
@@ -14,7 +16,8 @@ export interface UpstreamCall {
   target: UpstreamTarget
   leg: Leg
   path: string
-  payload: string
+  /** The body's JSON as Buffers shared with the request's other legs (shared-body.ts). */
+  payload: Payload
   headers: Record<string, string>
   /** The exchange's signal: the client left. */
   signal: AbortSignal
@@ -65,25 +68,26 @@ export class Upstream {
     const deadline = call.deadlineMs === undefined ? undefined : withDeadline(call.signal, call.deadlineMs)
     const signal = deadline ? deadline.signal : call.signal
     const settle = (): void => deadline?.clear()
-    const options = {
+    // The body's Buffers are written one after another, none copied (a fresh stream per try).
+    const options = () => ({
       method: 'POST' as const,
-      body: call.payload,
-      headers: call.headers,
+      body: Readable.from(call.payload.chunks),
+      headers: { ...call.headers, 'content-length': String(call.payload.bytes) },
       signal,
       dispatcher: this.#dispatcher,
       headersTimeout: call.headersTimeoutMs,
       bodyTimeout: call.bodyTimeoutMs,
-    }
+    })
     const url = call.target.url + call.path
     try {
       let res: Dispatcher.ResponseData
       try {
-        res = await request(url, options)
+        res = await request(url, options())
       } catch (err) {
         // An idle keep-alive socket the engine closed just as the request went out: the engine
         // never read it, so it is sent once more on a fresh connection.
         if (signal.aborted || !closedWhileIdle(err)) throw err
-        res = await request(url, options)
+        res = await request(url, options())
       }
       // It answered: whatever the status, the instance is reachable.
       this.#registry.recordSuccess(call.target.id)

@@ -1,6 +1,6 @@
 import type { ServerResponse } from 'node:http'
 import type { FastifyPluginAsync } from 'fastify'
-import type { AgentAck, AgentRegistration } from '../../../schemas/events.js'
+import type { AgentAck, AgentRegistration, RouterEvent } from '../../../schemas/events.js'
 import { RTR_ERR_AGENT_UNAUTHORIZED, RTR_ERR_AGENT_UNKNOWN } from '../errors.js'
 import type { RouterEvents } from '../events/router-events.js'
 import { bearerChecker } from '../../../common/bearer.js'
@@ -13,6 +13,14 @@ import { bearerChecker } from '../../../common/bearer.js'
  *   line every `keepAliveMs` keeps proxies from closing an idle stream;
  * - `POST /v1/agents/:agentId/acks {seq}`: everything up to seq was applied (delivery).
  * With an agent token configured, every call must carry it.
+ *
+ * A stream's memory is bounded (issue 18 item 3): events are written while the socket holds
+ * at most `streamBufferBytes` unsent. Past that the stream holds no queue, only its place in
+ * the log: once the socket drains it reads on from there, a page at a time (a replay of the
+ * whole log is paced by the reader; one that fell behind retention gets a snapshot, as a
+ * reconnecting agent would). A stream that took nothing for a whole keep-alive interval with
+ * its buffer full is cut; the agent resumes after the last event it applied. One stream per
+ * agent: a new one replaces it.
  */
 export interface AgentStreamOptions {
   events: RouterEvents
@@ -29,12 +37,21 @@ export interface AgentStreamOptions {
    * Gets a handle that ends every stream this router holds: when the log was replaced (Redis
    * restarted empty) every agent must start over, and an ended stream makes it register again.
    */
-  onStreams?: (streams: { endAll(): void }) => void
+  onStreams?: (streams: { endAll(): void; unsent(): number }) => void
   /** Runs before a registration is taken (the shared store must be able to record it). */
   beforeRegister?: (req: { method: string }) => Promise<void>
   /** On close, how long to wait for connected agents to acknowledge what was logged, ms. */
   drainMs?: number
+  /** Unsent bytes a stream's socket may hold before events wait (default 64 KiB). */
+  streamBufferBytes?: number
+  /** A stream was cut: it stalled, or a newer one replaced it. */
+  onCut?: (reason: StreamCut) => void
 }
+
+export type StreamCut = 'stalled' | 'replaced'
+
+/** Events a stream holds to write: a page read from the log, or live ones (at most this many). */
+const PAGE = 256
 
 const digits = { type: 'string', pattern: '^[0-9]{1,15}$' } as const
 
@@ -53,9 +70,27 @@ const registered = {
 
 export const agentStreamRoutes: FastifyPluginAsync<AgentStreamOptions> = async (app, opts) => {
   const { events } = opts
+  const limit = opts.streamBufferBytes ?? 65536
   // Open streams never end by themselves: closing the router ends them, or its server would
   // wait on their connections (fastify only closes idle ones). The agents reconnect.
   const open = new Set<ServerResponse>()
+  /** Each agent's stream on this router (one: a new one replaces it). */
+  const byAgent = new Map<string, ServerResponse>()
+  // Every stream sends the same frame for an event: serialised once.
+  const frames = new WeakMap<object, Buffer>()
+  const frame = (e: RouterEvent): Buffer => {
+    let f = frames.get(e)
+    if (f === undefined) {
+      f = Buffer.from(`id: ${e.seq}\ndata: ${JSON.stringify(e)}\n\n`)
+      frames.set(e, f)
+    }
+    return f
+  }
+  const cut = (res: ServerResponse, reason: StreamCut): void => {
+    if (res.destroyed) return
+    opts.onCut?.(reason)
+    res.destroy()
+  }
   app.addHook('preClose', async () => {
     // A graceful close loses no event a connected agent can still take: wait (bounded) until
     // every agent with an open stream here has acknowledged everything logged for it. (With
@@ -72,7 +107,14 @@ export const agentStreamRoutes: FastifyPluginAsync<AgentStreamOptions> = async (
   const endAll = (): void => {
     for (const res of open) res.end()
   }
-  opts.onStreams?.({ endAll })
+  opts.onStreams?.({
+    endAll,
+    unsent: () => {
+      let n = 0
+      for (const res of open) n += res.writableLength
+      return n
+    },
+  })
   const check = bearerChecker(opts.credentials)
   if (check) {
     app.addHook('onRequest', async (req) => {
@@ -101,42 +143,106 @@ export const agentStreamRoutes: FastifyPluginAsync<AgentStreamOptions> = async (
       const lastEventId = req.headers['last-event-id']
       const after = Number(typeof lastEventId === 'string' && /^[0-9]{1,15}$/.test(lastEventId) ? lastEventId : (req.query.after ?? '0'))
       let sent = after
-      const send = (event: { seq: number }): void => {
-        if (event.seq <= sent && (event as { type?: string }).type !== 'snapshot') return
+      // Events to write, in seq order; `gap`: the log may hold more after them (read on demand).
+      let queued: RouterEvent[] = []
+      let gap = true
+      let overflowed = false
+      let reading = false
+      let res: ServerResponse | undefined
+      const write = (event: RouterEvent): void => {
+        if (event.seq <= sent && event.type !== 'snapshot') return
         sent = Math.max(sent, event.seq)
-        res.write(`id: ${event.seq}\ndata: ${JSON.stringify(event)}\n\n`)
+        ;(res as ServerResponse).write(frame(event))
       }
-      // Subscribe first, then replay: an event logged in between is sent once (seq check).
-      const queued: { seq: number }[] = []
-      let replaying = true
-      const unsubscribe = events.store.subscribe((e) => (replaying ? queued.push(e) : send(e)))
-      let backlog
+      // Writes while the socket holds at most `limit` unsent; 'drain' calls it again.
+      const pump = async (): Promise<void> => {
+        if (reading) return
+        reading = true
+        try {
+          while (res && !res.destroyed && res.writableLength <= limit) {
+            const next = queued[0]
+            // Sequences are gapless: a live event past the next one means the log holds some
+            // between (they came while this stream waited on its reader). Read them from it.
+            if (next && next.type !== 'snapshot' && next.seq > sent + 1) {
+              queued = []
+              gap = true
+            } else if (next) {
+              queued.shift()
+              write(next)
+              continue
+            }
+            if (!gap) break
+            overflowed = false
+            const page = await events.store.since(sent, PAGE)
+            // Live events that came meanwhile follow the page (repeats are skipped by seq).
+            queued = [...page, ...queued]
+            gap = page.length >= PAGE || overflowed
+            if (page.length === 0 && !gap) break
+          }
+        } catch (err) {
+          req.log.warn({ err, agentId }, 'agent stream: reading the log failed; the stream ends and the agent resumes')
+          res?.destroy()
+        } finally {
+          reading = false
+        }
+      }
+      const unsubscribe = events.store.subscribe((e) => {
+        if (queued.length < PAGE) queued.push(e)
+        else {
+          gap = true
+          overflowed = true
+        }
+        void pump()
+      })
+      // Whether the agent is known, and the log reachable, before the status goes out.
+      let head
       try {
-        backlog = await events.store.since(after)
+        head = await events.store.since(after, PAGE)
       } catch (err) {
         unsubscribe()
         throw err
       }
+      queued = [...head, ...queued]
+      gap = head.length >= PAGE || overflowed
       reply.hijack()
-      const res = reply.raw
-      res.writeHead(200, { 'content-type': 'text/event-stream', 'cache-control': 'no-store', connection: 'keep-alive', 'x-accel-buffering': 'no' })
+      const raw = reply.raw
+      res = raw
+      raw.writeHead(200, { 'content-type': 'text/event-stream', 'cache-control': 'no-store', connection: 'keep-alive', 'x-accel-buffering': 'no' })
       // Headers now, not with the first event: an agent with nothing to catch up on would
       // otherwise wait for the first keep-alive to learn its stream is open.
-      res.flushHeaders()
-      for (const e of backlog) send(e)
-      replaying = false
-      for (const e of queued) send(e)
+      raw.flushHeaders()
+      const previous = byAgent.get(agentId)
+      if (previous) cut(previous, 'replaced')
+      byAgent.set(agentId, raw)
       events.agents.streamOpened(agentId)
       opts.presence?.opened(agentId)
-      open.add(res)
-      const keepAlive = setInterval(() => res.write(': keep-alive\n\n'), opts.keepAliveMs)
+      open.add(raw)
+      let drained = true
+      raw.on('drain', () => {
+        drained = true
+        void pump()
+      })
+      void pump()
+      const keepAlive = setInterval(() => {
+        // Took nothing for a whole interval with its buffer full: the reader is stuck or gone.
+        if (raw.writableLength > limit && !drained) return cut(raw, 'stalled')
+        drained = raw.writableLength <= limit
+        if (raw.writableLength === 0 && queued.length === 0 && !gap) raw.write(': keep-alive\n\n')
+        // Below the socket's own high-water mark a write never asks for 'drain': go on from here.
+        else if (drained) void pump()
+      }, opts.keepAliveMs)
       keepAlive.unref()
-      res.once('close', () => {
+      raw.once('close', () => {
         clearInterval(keepAlive)
-        open.delete(res)
+        open.delete(raw)
         unsubscribe()
+        queued = []
         events.streamClosed(agentId)
-        opts.presence?.closed(agentId)
+        // A stream that was replaced leaves the agent's presence to the one that replaced it.
+        if (byAgent.get(agentId) === raw) {
+          byAgent.delete(agentId)
+          opts.presence?.closed(agentId)
+        }
       })
     },
   )

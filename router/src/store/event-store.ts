@@ -1,6 +1,6 @@
 import type { Clock } from '../../../common/clock.js'
 import type { PeerGoneEvent, RouterEvent, SnapshotEvent } from '../../../schemas/events.js'
-import { type Delivery, type EventInput, EventLog, type LoggedEvent, type PeerGoneInput } from '../events/event-log.js'
+import { type Delivery, type EventInput, EventLog, type LoggedEvent, type LogStats, type PeerGoneInput } from '../events/event-log.js'
 
 /**
  * The store seam for the router's event log (DESIGN "State store", issue 10): the same
@@ -23,8 +23,8 @@ export interface EventStore {
    * one step (across every router sharing the store); undefined when every one was gone.
    */
   appendPeerGone(input: PeerGoneInput, expected: readonly string[]): Promise<PeerGoneEvent | undefined>
-  /** The events after `after`, a snapshot first when some of them are no longer held. */
-  since(after: number): Promise<RouterEvent[]>
+  /** The events after `after`, a snapshot first when some of them are no longer held; at most `limit` (a snapshot counts). */
+  since(after: number, limit?: number): Promise<RouterEvent[]>
   /** Every engine_id still remembered as gone; its seq is the one just before the oldest held. */
   snapshot(): Promise<SnapshotEvent>
   /** Whether `engineId` was declared gone within goneTtlMs. */
@@ -37,6 +37,8 @@ export interface EventStore {
   delivery(seq: number): Promise<Delivery | undefined>
   /** Held events still waiting for an acknowledgement from one of `agents`. */
   undelivered(agents: ReadonlySet<string>): Promise<number>
+  /** What the delivery bookkeeping holds: each part is bounded (deliveryEntries, ackFloor, retention). */
+  stats(): Promise<LogStats>
   /**
    * Live events, in sequence order, each once per listener: every event logged after this
    * call returns is delivered (an event logged before it may be too; callers that replay
@@ -61,6 +63,14 @@ export interface EventStoreOptions {
    * with a shared store, by the router that took that ack.
    */
   onDelivered?: (event: LoggedEvent, ms: number) => void
+  /**
+   * Expected agents the delivery bookkeeping may hold, summed over the distinct agent lists of
+   * the held events (events for the same agents share one). Past it the oldest events go, as
+   * past retention; the newest is always kept. Default 1,048,576.
+   */
+  deliveryEntries?: number
+  /** Acks of agents no held event is for are forgotten once more than this many are on record (default 1024). */
+  ackFloor?: number
 }
 
 /** The zero-install default for one router: `EventLog` behind the async seam. */
@@ -91,8 +101,8 @@ export class MemoryEventStore implements EventStore {
     return this.#log.appendPeerGone(input, expected)
   }
 
-  async since(after: number): Promise<RouterEvent[]> {
-    return this.#log.since(after)
+  async since(after: number, limit?: number): Promise<RouterEvent[]> {
+    return this.#log.since(after, limit)
   }
 
   async snapshot(): Promise<SnapshotEvent> {
@@ -121,6 +131,10 @@ export class MemoryEventStore implements EventStore {
 
   async undelivered(agents: ReadonlySet<string>): Promise<number> {
     return this.#log.undelivered(agents)
+  }
+
+  async stats(): Promise<LogStats> {
+    return this.#log.stats
   }
 
   subscribe(listener: EventListener): () => void {

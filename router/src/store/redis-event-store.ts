@@ -1,30 +1,36 @@
-import { randomUUID } from 'node:crypto'
+import { createHash, randomUUID } from 'node:crypto'
 import type { Redis } from 'ioredis'
 import type { PeerGoneEvent, RouterEvent, SnapshotEvent } from '../../../schemas/events.js'
-import type { Delivery, EventInput, LoggedEvent, PeerGoneInput } from '../events/event-log.js'
+import type { Delivery, EventInput, LoggedEvent, LogStats, PeerGoneInput } from '../events/event-log.js'
 import type { EventListener, EventStore, EventStoreOptions } from './event-store.js'
 
 /**
  * The event log in Redis (issue 10), shared by every router on it. Keys, under `prefix`
  * (default `handoff:`):
  * - `events`: a stream; entry id `<seq>-0`, fields `e` (the event as JSON, without seq) and
- *   `x` (the expected agents as JSON). Trimmed to `retention` entries (exact MAXLEN).
+ *   `r` (the id of its roster, '' when it is for nobody). Trimmed to `retention` entries, and
+ *   past `deliveryEntries` tracked agents (issue 18 item 3), oldest first.
  * - `events:seq`: the last sequence (INCR inside the append script, so sequence order is
  *   stream order whichever router appends).
  * - `events:id`: the log's id (SET NX at open: the first router names it, restarts keep it).
  * - `events:gone`: sorted set, engine_id scored by when it was declared gone (wall ms).
- * - `events:waiting:<seq>`: set of expected agents that have not acknowledged seq yet;
- *   deleted when it empties (Redis drops empty sets) or the event is trimmed, with an expiry
- *   as a backstop.
- * - `acks`: hash, agent id → the last sequence it acknowledged.
- * Scripts name keys they derive (`waiting:<seq>`) through ARGV: fine on one Redis, not on a cluster.
+ * - `events:roster:<id>` (set) and `events:roster-list:<id>` (JSON, in the order given): the
+ *   agents an event is for. The id is a hash of the list, so every event for the same agents
+ *   (a peer_gone for all of them, again and again) shares one; `events:rosters` counts the
+ *   held events per roster, and a roster goes with the last of them. `events:tracked` is the
+ *   sum of the held rosters' sizes.
+ * - `events:left`: hash, seq → expected agents that have not acknowledged it yet (the field
+ *   goes once it is delivered or trimmed).
+ * - `acks`: hash, agent id → the last sequence it acknowledged; agents no held event is for
+ *   are forgotten past `ackFloor`.
+ * Entries logged before rosters (field `x`, sets `events:waiting:<seq>`) are still read and
+ * acknowledged until they are trimmed.
+ * Scripts name keys they derive (`roster:<id>`) through ARGV: fine on one Redis, not on a cluster.
  */
 export interface RedisEventStoreOptions extends EventStoreOptions {
   /** Commands go through it; a duplicate does the blocking reads. The caller owns and closes it. */
   redis: Redis
   prefix?: string
-  /** Expiry of the per-event waiting sets, ms (default 24 h). */
-  waitingTtlMs?: number
   /** The live reader's failures (a Redis outage); it retries every `retryMs`. */
   onError?: (err: unknown) => void
   /**
@@ -35,21 +41,42 @@ export interface RedisEventStoreOptions extends EventStoreOptions {
   retryMs?: number
 }
 
-// KEYS: stream, seq, gone. ARGV: event JSON, expected JSON, retention, waiting-key prefix,
-// waiting TTL ms, at, gone cutoff, n, n expected agents, then the engine_ids it declares gone.
+// KEYS: stream, seq, gone, rosters, tracked, left. ARGV: event JSON, roster JSON, retention,
+// derived-key prefix, roster id, at, gone cutoff, n, deliveryEntries, n expected agents, then
+// the engine_ids it declares gone.
 const APPEND = `
 local seq = redis.call('INCR', KEYS[2])
-local retention = tonumber(ARGV[3])
-redis.call('XADD', KEYS[1], 'MAXLEN', retention, seq .. '-0', 'e', ARGV[1], 'x', ARGV[2])
-if seq > retention then redis.call('DEL', ARGV[4] .. (seq - retention)) end
 local n = tonumber(ARGV[8])
+local rid = ARGV[5]
 if n > 0 then
-  local waiting = ARGV[4] .. seq
-  redis.call('SADD', waiting, unpack(ARGV, 9, 8 + n))
-  redis.call('PEXPIRE', waiting, ARGV[5])
+  if redis.call('HINCRBY', KEYS[4], rid, 1) == 1 then
+    for i = 10, 9 + n, 1000 do redis.call('SADD', ARGV[4] .. 'roster:' .. rid, unpack(ARGV, i, math.min(i + 999, 9 + n))) end
+    redis.call('SET', ARGV[4] .. 'roster-list:' .. rid, ARGV[2])
+    redis.call('INCRBY', KEYS[5], n)
+  end
+  redis.call('HSET', KEYS[6], seq, n)
 end
-if #ARGV > 8 + n then
-  for i = 9 + n, #ARGV do redis.call('ZADD', KEYS[3], ARGV[6], ARGV[i]) end
+redis.call('XADD', KEYS[1], seq .. '-0', 'e', ARGV[1], 'r', rid)
+local retention = tonumber(ARGV[3])
+local cap = tonumber(ARGV[9])
+local len = redis.call('XLEN', KEYS[1])
+while len > retention or (len > 1 and tonumber(redis.call('GET', KEYS[5]) or '0') > cap) do
+  local head = redis.call('XRANGE', KEYS[1], '-', '+', 'COUNT', 1)[1]
+  local q = string.match(head[1], '^(%d+)')
+  local r
+  for i = 1, #head[2], 2 do if head[2][i] == 'r' then r = head[2][i + 1] end end
+  redis.call('XDEL', KEYS[1], head[1])
+  redis.call('HDEL', KEYS[6], q)
+  redis.call('DEL', ARGV[4] .. 'waiting:' .. q)
+  if r and r ~= '' and redis.call('HINCRBY', KEYS[4], r, -1) <= 0 then
+    redis.call('HDEL', KEYS[4], r)
+    redis.call('DECRBY', KEYS[5], redis.call('SCARD', ARGV[4] .. 'roster:' .. r))
+    redis.call('DEL', ARGV[4] .. 'roster:' .. r, ARGV[4] .. 'roster-list:' .. r)
+  end
+  len = len - 1
+end
+if #ARGV > 9 + n then
+  for i = 10 + n, #ARGV do redis.call('ZADD', KEYS[3], ARGV[6], ARGV[i]) end
   redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', ARGV[7])
 end
 return seq
@@ -62,12 +89,12 @@ const FRESH = '@fresh@'
 const APPEND_PEER_GONE = `
 local n = tonumber(ARGV[8])
 local fresh = {}
-for i = 9 + n, #ARGV do
+for i = 10 + n, #ARGV do
   local at = redis.call('ZSCORE', KEYS[3], ARGV[i])
   if not at or tonumber(at) <= tonumber(ARGV[7]) then fresh[#fresh + 1] = ARGV[i] end
 end
 if #fresh == 0 then return {0} end
-for i = #ARGV, 9 + n, -1 do table.remove(ARGV, i) end
+for i = #ARGV, 10 + n, -1 do table.remove(ARGV, i) end
 for _, id in ipairs(fresh) do ARGV[#ARGV + 1] = id end
 local i, j = string.find(ARGV[1], '"${FRESH}"', 1, true)
 ARGV[1] = string.sub(ARGV[1], 1, i - 1) .. cjson.encode(fresh) .. string.sub(ARGV[1], j + 1)
@@ -77,8 +104,9 @@ end)()
 return {seq, unpack(fresh)}
 `
 
-// KEYS: acks, seq, stream. ARGV: agent, seq, waiting-key prefix. Returns [seq, event JSON, ...]
-// for each event this ack completed (its last expected agent).
+// KEYS: acks, seq, stream, left, rosters, tracked. ARGV: agent, seq, derived-key prefix,
+// ackFloor. Returns [seq, event JSON, ...] for each event this ack completed (its last
+// expected agent).
 const ACK = `
 local last = tonumber(redis.call('GET', KEYS[2]) or '0')
 local s = tonumber(ARGV[2])
@@ -92,16 +120,43 @@ if head[1] then
   local first = tonumber(string.match(head[1][1], '^(%d+)'))
   if first > from then from = first end
 end
+local function field(entry, name)
+  for i = 1, #entry[2], 2 do if entry[2][i] == name then return entry[2][i + 1] end end
+end
 local done = {}
 for q = from, s do
-  local k = ARGV[3] .. q
-  if redis.call('SREM', k, ARGV[1]) == 1 and redis.call('EXISTS', k) == 0 then
-    local entry = redis.call('XRANGE', KEYS[3], q .. '-0', q .. '-0')
-    if entry[1] then
+  if redis.call('HEXISTS', KEYS[4], q) == 1 then
+    local entry = redis.call('XRANGE', KEYS[3], q .. '-0', q .. '-0')[1]
+    local r = entry and field(entry, 'r')
+    if r and redis.call('SISMEMBER', ARGV[3] .. 'roster:' .. r, ARGV[1]) == 1 and redis.call('HINCRBY', KEYS[4], q, -1) <= 0 then
+      redis.call('HDEL', KEYS[4], q)
       done[#done + 1] = q
-      done[#done + 1] = entry[1][2][2]
+      done[#done + 1] = field(entry, 'e')
+    end
+  else
+    local k = ARGV[3] .. 'waiting:' .. q
+    if redis.call('SREM', k, ARGV[1]) == 1 and redis.call('EXISTS', k) == 0 then
+      local entry = redis.call('XRANGE', KEYS[3], q .. '-0', q .. '-0')[1]
+      if entry then
+        done[#done + 1] = q
+        done[#done + 1] = field(entry, 'e')
+      end
     end
   end
+end
+local tracked = tonumber(redis.call('GET', KEYS[6]) or '0')
+if redis.call('HLEN', KEYS[1]) > math.max(tonumber(ARGV[4]), 2 * tracked) then
+  local keep = ARGV[3] .. 'acks-keep'
+  redis.call('DEL', keep)
+  local rids = redis.call('HKEYS', KEYS[5])
+  for _, r in ipairs(rids) do redis.call('SUNIONSTORE', keep, keep, ARGV[3] .. 'roster:' .. r) end
+  local agents = redis.call('HKEYS', KEYS[1])
+  for i = 1, #agents, 1000 do
+    local some = {unpack(agents, i, math.min(i + 999, #agents))}
+    local member = redis.call('SMISMEMBER', keep, unpack(some))
+    for j, a in ipairs(some) do if member[j] == 0 then redis.call('HDEL', KEYS[1], a) end end
+  end
+  redis.call('DEL', keep)
 end
 return done
 `
@@ -115,7 +170,8 @@ export class RedisEventStore implements EventStore {
   readonly #opts: RedisEventStoreOptions
   readonly #retention: number
   readonly #goneTtlMs: number
-  readonly #keys: { stream: string; seq: string; gone: string; waiting: string; acks: string; id: string }
+  readonly #keys: { stream: string; seq: string; gone: string; derived: string; rosters: string; tracked: string; left: string; acks: string; id: string }
+  readonly #deliveryEntries: number
   readonly #listeners = new Set<EventListener>()
   #cursor: number
   #closed = false
@@ -125,6 +181,7 @@ export class RedisEventStore implements EventStore {
   static async open(opts: RedisEventStoreOptions): Promise<RedisEventStore> {
     const prefix = opts.prefix ?? 'handoff:'
     checkRetention(opts.retention)
+    checkDeliveryEntries(opts.deliveryEntries)
     await opts.redis.set(`${prefix}events:id`, randomUUID(), 'NX')
     const [id, last] = await Promise.all([opts.redis.get(`${prefix}events:id`), opts.redis.get(`${prefix}events:seq`)])
     const store = new RedisEventStore(opts, prefix, id as string, Number(last ?? 0))
@@ -142,11 +199,15 @@ export class RedisEventStore implements EventStore {
     this.#reader.on('error', () => {})
     this.#id = id
     this.#cursor = cursor
+    this.#deliveryEntries = checkDeliveryEntries(opts.deliveryEntries)
     this.#keys = {
       stream: `${prefix}events`,
       seq: `${prefix}events:seq`,
       gone: `${prefix}events:gone`,
-      waiting: `${prefix}events:waiting:`,
+      derived: `${prefix}events:`,
+      rosters: `${prefix}events:rosters`,
+      tracked: `${prefix}events:tracked`,
+      left: `${prefix}events:left`,
       acks: `${prefix}acks`,
       id: `${prefix}events:id`,
     }
@@ -183,38 +244,44 @@ export class RedisEventStore implements EventStore {
   #append(script: string, body: { at: number } & Record<string, unknown>, expected: readonly string[], gone: readonly string[]): Promise<unknown> {
     const { at } = body
     const k = this.#keys
+    const agents = [...new Set(expected)]
+    const roster = JSON.stringify(agents)
     return this.#redis.eval(
       script,
-      3,
+      6,
       k.stream,
       k.seq,
       k.gone,
+      k.rosters,
+      k.tracked,
+      k.left,
       JSON.stringify(body),
-      JSON.stringify(expected),
+      roster,
       this.#retention,
-      k.waiting,
-      this.#opts.waitingTtlMs ?? 24 * 3600_000,
+      k.derived,
+      agents.length > 0 ? createHash('sha1').update(roster).digest('hex') : '',
       at,
       at - this.#goneTtlMs,
-      expected.length,
-      ...expected,
+      agents.length,
+      this.#deliveryEntries,
+      ...agents,
       ...gone,
     )
   }
 
-  async since(after: number): Promise<RouterEvent[]> {
+  async since(after: number, limit = Infinity): Promise<RouterEvent[]> {
     const now = this.#opts.clock.now()
-    const [[, head], [, rest], [, last], [, gone]] = (await this.#redis
-      .multi()
-      .xrange(this.#keys.stream, '-', '+', 'COUNT', 1)
-      .xrange(this.#keys.stream, `${after + 1}-0`, '+')
+    const tx = this.#redis.multi().xrange(this.#keys.stream, '-', '+', 'COUNT', 1)
+    if (Number.isFinite(limit)) tx.xrange(this.#keys.stream, `${after + 1}-0`, '+', 'COUNT', limit)
+    else tx.xrange(this.#keys.stream, `${after + 1}-0`, '+')
+    const [[, head], [, rest], [, last], [, gone]] = (await tx
       .get(this.#keys.seq)
       .zrangebyscore(this.#keys.gone, `(${now - this.#goneTtlMs}`, '+inf')
       .exec()) as [[null, Entry[]], [null, Entry[]], [null, string | null], [null, string[]]]
     const first = head[0] ? seqOf(head[0][0]) : Number(last ?? 0) + 1
     const out: RouterEvent[] = []
     if (after < first - 1) out.push({ seq: first - 1, type: 'snapshot', goneEngineIds: gone, at: now })
-    for (const entry of rest) out.push(parse(entry))
+    for (const entry of rest) if (out.length < limit) out.push(parse(entry))
     return out
   }
 
@@ -245,7 +312,8 @@ export class RedisEventStore implements EventStore {
   }
 
   async ack(agentId: string, seq: number): Promise<void> {
-    const done = (await this.#redis.eval(ACK, 3, this.#keys.acks, this.#keys.seq, this.#keys.stream, agentId, seq, this.#keys.waiting)) as (number | string)[]
+    const k = this.#keys
+    const done = (await this.#redis.eval(ACK, 6, k.acks, k.seq, k.stream, k.left, k.rosters, k.tracked, agentId, seq, k.derived, this.#opts.ackFloor ?? 1024)) as (number | string)[]
     if (!this.#opts.onDelivered) return
     const now = this.#opts.clock.now()
     for (let i = 0; i < done.length; i += 2) {
@@ -262,7 +330,7 @@ export class RedisEventStore implements EventStore {
     const [entry] = (await this.#redis.xrange(this.#keys.stream, `${seq}-0`, `${seq}-0`)) as Entry[]
     if (!entry) return undefined
     const event = parse(entry)
-    const expected = JSON.parse(field(entry, 'x') ?? '[]') as string[]
+    const expected = await this.#expected(entry)
     const acks = expected.length > 0 ? await this.#redis.hmget(this.#keys.acks, ...expected) : []
     return { seq, type: event.type, expected, applied: expected.filter((_, i) => Number(acks[i] ?? 0) >= seq) }
   }
@@ -275,13 +343,39 @@ export class RedisEventStore implements EventStore {
     // Only what lies after the slowest of them can still wait for one of them.
     const from = Math.min(...acks.values()) + 1
     const entries = (await this.#redis.xrange(this.#keys.stream, `${from}-0`, '+')) as Entry[]
+    // Which of them each roster holds, asked once per roster.
+    const rosters = new Map<string, string[]>()
+    for (const entry of entries) {
+      const r = field(entry, 'r')
+      if (r && !rosters.has(r)) {
+        const member = (await this.#redis.smismember(`${this.#keys.derived}roster:${r}`, ...names)) as number[]
+        rosters.set(
+          r,
+          names.filter((_, i) => member[i] === 1),
+        )
+      }
+    }
     let n = 0
     for (const entry of entries) {
       const seq = seqOf(entry[0])
-      const expected = JSON.parse(field(entry, 'x') ?? '[]') as string[]
+      const r = field(entry, 'r')
+      const expected = r !== undefined ? (rosters.get(r) ?? []) : (JSON.parse(field(entry, 'x') ?? '[]') as string[])
       if (expected.some((a) => (acks.get(a) ?? seq) < seq)) n++
     }
     return n
+  }
+
+  async stats(): Promise<LogStats> {
+    const [[, events], [, tracked], [, acks]] = (await this.#redis.multi().xlen(this.#keys.stream).get(this.#keys.tracked).hlen(this.#keys.acks).exec()) as [[null, number], [null, string | null], [null, number]]
+    return { events, tracked: Number(tracked ?? 0), acks }
+  }
+
+  /** The agents an entry is for: its roster's list (or, logged before rosters, its own). */
+  async #expected(entry: Entry): Promise<string[]> {
+    const r = field(entry, 'r')
+    if (r === undefined) return JSON.parse(field(entry, 'x') ?? '[]') as string[]
+    if (r === '') return []
+    return JSON.parse((await this.#redis.get(`${this.#keys.derived}roster-list:${r}`)) ?? '[]') as string[]
   }
 
   subscribe(listener: EventListener): () => void {
@@ -359,6 +453,11 @@ export class RedisEventStore implements EventStore {
   #goneIds(now: number): Promise<string[]> {
     return this.#redis.zrangebyscore(this.#keys.gone, `(${now - this.#goneTtlMs}`, '+inf')
   }
+}
+
+function checkDeliveryEntries(n = 1 << 20): number {
+  if (!(Number.isInteger(n) && n > 0)) throw new RangeError(`deliveryEntries must be a positive integer, got ${n}`)
+  return n
 }
 
 function checkRetention(retention = 10_000): number {

@@ -75,7 +75,7 @@ export async function openRouterStore(deps: RouterStoreDeps): Promise<RouterStor
     return {
       kind: 'memory',
       routerId: randomUUID(),
-      events: new MemoryEventStore({ clock, retention: config.events.retention, ...(deps.onDelivered ? { onDelivered: deps.onDelivered } : {}) }),
+      events: new MemoryEventStore({ clock, retention: config.events.retention, deliveryEntries: config.events.deliveryEntries, ...(deps.onDelivered ? { onDelivered: deps.onDelivered } : {}) }),
       leadership,
       state: OK,
       onChange: () => () => {},
@@ -107,6 +107,7 @@ async function openRedis(deps: RouterStoreDeps): Promise<RouterStore> {
     prefix,
     clock,
     retention: config.events.retention,
+    deliveryEntries: config.events.deliveryEntries,
     ...(deps.onDelivered ? { onDelivered: deps.onDelivered } : {}),
     ...(deps.onEventLogReset ? { onReset: deps.onEventLogReset } : {}),
     onError: () => {},

@@ -149,17 +149,23 @@ t.test('thousands of fake agents and re-registrations: the directory is capped',
 
 t.test('event streams that never read: paced, and cut once they stall', async (t) => {
   // Keep-alives every 100 ms: a stream that took nothing for one interval is stalled.
-  const router = await routerProcess(t, { events: { keepAliveMs: 100 } })
+  const admin = { authorization: 'Bearer admin-token-mem-0' }
+  const router = await routerProcess(t, { events: { keepAliveMs: 100 }, adminToken: 'admin-token-mem-0' })
   const { hostname, port } = new URL(router.url)
   const url = `${router.url}/v1/agents`
   for (let i = 0; i < 100; i++) t.equal((await postJson(url, fakeAgent(`reader-${i}`, i, `reader-engine-${i}`))).status, 200)
-  // A full log (events.retention, 10,000) of peer_gones of about 700 bytes each: every
-  // re-registration of `churn` under a new engine_id logs one.
+  // A full log (events.retention, 10,000) of peer_gones of about 700 bytes each: `churn`
+  // registers under a new engine_id (a registration declares nothing gone by itself, issue
+  // 18 item 2), then ops declare that engine_id gone.
   const churn = `churn-${'a'.repeat(200)}`
+  const goneOne = async (engineId: string): Promise<boolean> => {
+    if ((await postJson(url, fakeAgent(churn, 200, engineId))).status !== 200) return false
+    const r = await postJson(`${router.url}/fault_tolerance/event`, { event_type: 'peer_gone', nodes: { engine_ids: [engineId] }, reason: 'r'.repeat(500) }, admin)
+    return r.status === 202 && r.json.logged === true
+  }
   let logged = 0
   await pool(10_000, 16, async (k) => {
-    const r = await postJson(url, fakeAgent(churn, 200, `${'e'.repeat(200)}-${k}`))
-    if (r.status === 200) logged++
+    if (await goneOne(`${'e'.repeat(200)}-${k}`)) logged++
   })
   t.equal(logged, 10_000)
   const watch = watchRss(router.child.pid as number)
@@ -180,7 +186,7 @@ t.test('event streams that never read: paced, and cut once they stall', async (t
   })
   // Live events on top, while the streams sit unread.
   await pool(1000, 16, async (k) => {
-    await postJson(url, fakeAgent(churn, 200, `${'e'.repeat(200)}-live-${k}`))
+    await goneOne(`${'e'.repeat(200)}-live-${k}`)
   })
   await new Promise((resolve) => setTimeout(resolve, 500))
   const m = watch.stop()

@@ -24,6 +24,22 @@ export const PeerGoneEvent = Type.Object(
   { $id: 'PeerGoneEvent', additionalProperties: false },
 )
 
+/**
+ * An engine_id declared gone is answering again under that id (a prefill answer names it:
+ * the engine's own word): agents lift its tombstone, so its blocks are read again at once
+ * instead of failing fast for the tombstone's life (issue 17 item 6).
+ */
+export const PeerAliveEvent = Type.Object(
+  {
+    seq: Type.Integer({ minimum: 1 }),
+    type: Type.Literal('peer_alive'),
+    engineIds: Type.Array(Id, { minItems: 1 }),
+    reason: Type.String(),
+    at: Type.Number(),
+  },
+  { $id: 'PeerAliveEvent', additionalProperties: false },
+)
+
 export const LeaseReleaseEvent = Type.Object(
   {
     seq: Type.Integer({ minimum: 1 }),
@@ -53,11 +69,12 @@ export const SnapshotEvent = Type.Object(
   { $id: 'SnapshotEvent', additionalProperties: false },
 )
 
-export const RouterEvent = Type.Union([Type.Ref('PeerGoneEvent'), Type.Ref('LeaseReleaseEvent'), Type.Ref('SnapshotEvent')], { $id: 'RouterEvent' })
+export const RouterEvent = Type.Union([Type.Ref('PeerGoneEvent'), Type.Ref('PeerAliveEvent'), Type.Ref('LeaseReleaseEvent'), Type.Ref('SnapshotEvent')], { $id: 'RouterEvent' })
 export type PeerGoneEvent = Static<typeof PeerGoneEvent>
+export type PeerAliveEvent = Static<typeof PeerAliveEvent>
 export type LeaseReleaseEvent = Static<typeof LeaseReleaseEvent>
 export type SnapshotEvent = Static<typeof SnapshotEvent>
-export type RouterEvent = PeerGoneEvent | LeaseReleaseEvent | SnapshotEvent
+export type RouterEvent = PeerGoneEvent | PeerAliveEvent | LeaseReleaseEvent | SnapshotEvent
 
 /** POST /v1/agents: an agent announces itself (after its engine attached). */
 export const AgentRegistration = Type.Object(

@@ -15,7 +15,7 @@ import {
   PullRequest,
 } from './agent-api.js'
 import { AgentConfig } from './agent-config.js'
-import { AgentAck, AgentRegistration, FaultToleranceEvent, LeaseReleaseEvent, PeerGoneEvent, RouterEvent, SnapshotEvent } from './events.js'
+import { AgentAck, AgentRegistration, FaultToleranceEvent, LeaseReleaseEvent, PeerAliveEvent, PeerGoneEvent, RouterEvent, SnapshotEvent } from './events.js'
 import { KvTransferParams } from './kv-transfer-params.js'
 import {
   ChatCompletionRequest,
@@ -65,6 +65,7 @@ export const sharedSchemas: readonly TSchema[] = [
   PeerHandshake,
   PeerGoneRequest,
   PeerGoneEvent,
+  PeerAliveEvent,
   LeaseReleaseEvent,
   SnapshotEvent,
   RouterEvent,

@@ -226,6 +226,7 @@ export async function buildApp(deps: RouterDeps): Promise<FastifyInstance> {
     timeouts: config.timeouts,
     onLapsed: config.leases.onLapsed,
     maxHandoffsPerRequest: config.limits.maxHandoffsPerRequest,
+    engineAnswered: (engineId) => events.engineAnswered(engineId),
     pairs,
     ...(config.upstreamApiKey ? { upstreamApiKey: config.upstreamApiKey } : {}),
   })

@@ -250,6 +250,28 @@ t.test('RouterEvents + Drainer: with IP reuse an old pod\'s retirement never nam
   t.notOk(gone.some((e) => (e as { engineIds: string[] }).engineIds.includes('e-new')), 'never for the new pod’s engine')
 })
 
+t.test('RouterEvents: an engine declared gone that answers again under its engine_id is peer_alive (issue 17 item 6)', async (t) => {
+  const { registry, events } = setup()
+  await events.registerAgent({ agentId: 'a-d', engineId: 'd-1', role: 'decode', agentUrl: 'http://127.0.0.1:2002' })
+  registry.observeEngineId('p', 'p-fixed')
+  await events.settled()
+  events.engineAnswered('p-fixed')
+  await events.settled()
+  t.equal(await events.store.last(), 0, 'an engine that was never gone: nothing')
+  await events.peerGone({ engineIds: ['p-fixed'] }, 'ops: wrong')
+  await new Promise((r) => setImmediate(r))
+  // A prefill answer names it: the engine is up under that engine_id after all.
+  events.engineAnswered('p-fixed')
+  await events.settled()
+  t.match(await events.store.since(1), [{ type: 'peer_alive', engineIds: ['p-fixed'], reason: /answered a prefill/ }])
+  t.same((await events.store.delivery(2))?.expected, ['a-d'], 'for every agent')
+  t.notOk(await events.store.isGone('p-fixed'))
+  events.engineAnswered('p-fixed')
+  await events.settled()
+  t.equal(await events.store.last(), 2, 'once: the next answers log nothing')
+  t.match(await events.peerGone({ engineIds: ['p-fixed'] }, 'ops: again'), { seq: 3, logged: true }, 'and it can be declared gone again')
+})
+
 t.test('RouterEvents: lease_release goes to the prefiller engine_id owner only', async (t) => {
   const { events } = setup()
   t.equal(await events.releaseLease({ prefillEngineId: 'p-1', requestIds: ['r'], reason: 'client_gone' }), null, 'no agent runs it: nothing logged')

@@ -213,6 +213,28 @@ export function eventStoreContract(t: Test, harness: EventStoreHarness): void {
     t.match(await store.appendPeerGone(peerGone(['a']), []), { seq: 3, engineIds: ['a'] }, 'gone again once past goneTtlMs')
   })
 
+  t.test('appendPeerAlive: engine_ids still gone stop being gone, logged once; nothing when none was (issue 17 item 6)', async (t) => {
+    const clock = new ManualClock()
+    const store = await (await harness.backing(t)).open({ clock, goneTtlMs: 1000 })
+    const seen: string[] = []
+    store.subscribe((e) => seen.push(`${e.type}:${'engineIds' in e ? e.engineIds.join(',') : ''}`))
+    await store.appendPeerGone(peerGone(['a', 'b/1']), ['x'])
+    t.equal(await store.appendPeerAlive({ type: 'peer_alive', engineIds: ['nobody'], reason: 'test' }, ['x']), undefined, 'never gone: nothing logged')
+    const alive = await store.appendPeerAlive({ type: 'peer_alive', engineIds: ['b/1', 'nobody'], reason: 'answered' }, ['x', 'y'])
+    t.match(alive, { seq: 2, type: 'peer_alive', engineIds: ['b/1'], reason: 'answered' }, 'only the gone one, its slash intact')
+    t.notOk(await store.isGone('b/1'), 'no longer gone')
+    t.ok(await store.isGone('a'), 'the other one still is')
+    t.same((await store.snapshot()).goneEngineIds, ['a'], 'snapshots leave it out')
+    t.same((await store.delivery(2))?.expected.sort(), ['x', 'y'])
+    t.equal(await store.appendPeerAlive({ type: 'peer_alive', engineIds: ['b/1'], reason: 'again' }, ['x']), undefined, 'a repeat logs nothing')
+    t.match(await store.appendPeerGone(peerGone(['b/1']), ['x']), { seq: 3, engineIds: ['b/1'] }, 'and it can be declared gone again')
+    clock.advance(1001)
+    t.equal(await store.appendPeerAlive({ type: 'peer_alive', engineIds: ['a'], reason: 'late' }, ['x']), undefined, 'past goneTtlMs it is not gone any more: nothing to lift')
+    t.same((await store.since(0)).map((e) => e.type), ['peer_gone', 'peer_alive', 'peer_gone'])
+    await new Promise((r) => setTimeout(r, 50))
+    t.same(seen.slice(0, 3), ['peer_gone:a,b/1', 'peer_alive:b/1', 'peer_gone:b/1'], 'subscribers hear it in order')
+  })
+
   t.test('acks and delivery', async (t) => {
     const clock = new ManualClock()
     const store = await (await harness.backing(t)).open({ clock })

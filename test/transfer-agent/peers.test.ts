@@ -532,3 +532,18 @@ t.test('a forgetPeer that rejects is reported and still ends the generation', as
   t.same(h.releases, [{ engineId: 'p0', address: 'h:1', reason: 'peer_gone', loaded: true, error: err }])
   t.same(h.table.peers(), [])
 })
+
+t.test('revive lifts tombstones (the router saw the engine answering again): the next acquire handshakes', async (t) => {
+  const h = harness(t)
+  await h.table.peerGone({ engineIds: ['p0'] })
+  await t.rejects(h.table.acquire('p0', 'h:1'), { code: 'XFA_ERR_PEER_GONE' })
+  t.equal(h.handshakes.length, 0, 'gone: failed fast, no handshake')
+  t.equal(h.table.revive(['p0', 'never-gone']), 1, 'one tombstone lifted')
+  t.notOk(h.table.isGone('p0'))
+  const a = h.start('p0', 'h:1')
+  await flush()
+  t.equal(h.handshakes.length, 1, 'handshaking again')
+  h.handshakes[0]?.d.resolve(answer('p0', 'meta', true))
+  await a.done
+  t.equal(h.table.peers()[0]?.state, 'ready')
+})

@@ -122,7 +122,7 @@ export class TransferAgent {
           clock,
           random: deps.random,
           log: log.child({ component: 'router-link' }),
-          target: { peerGone: (req) => this.peerGone(req), release: (id) => this.release(id) },
+          target: { peerGone: (req) => this.peerGone(req), release: (id) => this.release(id), peerAlive: (ids) => this.#peers.revive(ids) },
           metrics: { events: metrics.routerEvents, connected: metrics.routerConnected },
         })
       : undefined

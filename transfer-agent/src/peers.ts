@@ -269,6 +269,17 @@ export class PeerTable {
     return true
   }
 
+  /**
+   * The router saw these engine_ids answering again (`peer_alive`): their tombstones are
+   * lifted, so the next acquire handshakes instead of failing fast. Nothing of them is cached
+   * (a gone generation was dropped), so nothing else changes. Returns how many were lifted.
+   */
+  revive(engineIds: readonly string[]): number {
+    let n = 0
+    for (const id of engineIds) if (this.#tombstones.delete(id)) n++
+    return n
+  }
+
   /** Whether `engineId` was released and still fails fast (its tombstone has not expired). */
   isGone(engineId: string): boolean {
     const at = this.#tombstones.get(engineId)

@@ -30,6 +30,8 @@ export interface RouterLinkTarget {
   peerGone(req: PeerGoneRequest): Promise<void>
   /** Ends a prefiller lease; false when it is not held. */
   release(requestId: string): boolean
+  /** Lifts the tombstones of engine_ids the router saw answering again (optional: older targets). */
+  peerAlive?(engineIds: readonly string[]): void
 }
 
 export interface RouterLinkLogger {
@@ -251,6 +253,9 @@ export class RouterLink {
         // address applied later could name a newer engine at the same host:port (a restart
         // between logging and delivery) and fail a live peer. Engine_ids only, then.
         if (event.engineIds.length > 0) this.#peerGone(event.engineIds, event.reason)
+      } else if (event.type === 'peer_alive') {
+        target.peerAlive?.(event.engineIds)
+        log.info({ seq: event.seq, engineIds: event.engineIds, reason: event.reason }, 'peer_alive applied: tombstones lifted')
       } else if (event.type === 'lease_release') {
         if (event.prefillEngineId === this.#reg?.engineId) {
           let released = 0

@@ -23,6 +23,10 @@ export class BoundedSet<T> implements Iterable<T> {
     return this
   }
 
+  delete(value: T): boolean {
+    return this.#values.delete(value)
+  }
+
   has(value: T): boolean {
     return this.#values.has(value)
   }

@@ -1,6 +1,6 @@
 import { randomUUID } from 'node:crypto'
 import type { Clock } from '../../../common/clock.js'
-import type { LeaseReleaseEvent, PeerGoneEvent, RouterEvent, SnapshotEvent } from '../../../schemas/events.js'
+import type { LeaseReleaseEvent, PeerAliveEvent, PeerGoneEvent, RouterEvent, SnapshotEvent } from '../../../schemas/events.js'
 
 /**
  * The router's one ordered log of events for the agents (DESIGN "Events"). Every event gets
@@ -12,9 +12,10 @@ import type { LeaseReleaseEvent, PeerGoneEvent, RouterEvent, SnapshotEvent } fro
  * In memory here; the Redis implementation (issue 10) keeps the same contract.
  */
 export type PeerGoneInput = Omit<PeerGoneEvent, 'seq' | 'at'>
+export type PeerAliveInput = Omit<PeerAliveEvent, 'seq' | 'at'>
 export type LeaseReleaseInput = Omit<LeaseReleaseEvent, 'seq' | 'at'>
-export type EventInput = PeerGoneInput | LeaseReleaseInput
-export type LoggedEvent = PeerGoneEvent | LeaseReleaseEvent
+export type EventInput = PeerGoneInput | PeerAliveInput | LeaseReleaseInput
+export type LoggedEvent = PeerGoneEvent | PeerAliveEvent | LeaseReleaseEvent
 
 export interface Delivery {
   seq: number
@@ -143,6 +144,7 @@ export class EventLog {
       }
       this.#pruneGone()
     }
+    if (event.type === 'peer_alive') for (const id of event.engineIds) this.#gone.delete(id)
     const roster = this.#roster(expected)
     this.#entries.push({ event, roster, left: roster.ids.length })
     while (this.size > this.#retention || (this.#tracked > this.#deliveryEntries && this.size > 1)) this.#dropOldest()
@@ -187,6 +189,17 @@ export class EventLog {
     const fresh = input.engineIds.filter((id) => !this.isGone(id))
     if (fresh.length === 0) return undefined
     return this.append({ ...input, engineIds: fresh }, expected) as PeerGoneEvent
+  }
+
+  /**
+   * A `peer_alive` naming only those of `input.engineIds` still gone, which stop being gone
+   * (a later peer_gone for them logs again); undefined when none was. One step, as
+   * appendPeerGone.
+   */
+  appendPeerAlive(input: PeerAliveInput, expected: readonly string[]): PeerAliveEvent | undefined {
+    const gone = input.engineIds.filter((id) => this.isGone(id))
+    if (gone.length === 0) return undefined
+    return this.append({ ...input, engineIds: gone }, expected) as PeerAliveEvent
   }
 
   /**

@@ -64,6 +64,12 @@ export class RouterEvents {
    * re-registrations under new engine_ids add one each.
    */
   readonly #known: BoundedSet<string>
+  /**
+   * Engine_ids the log holds as gone, as far as this router heard (its store subscription):
+   * a cheap filter for `engineAnswered` on the request path. The store decides.
+   */
+  readonly #goneHeard: BoundedSet<string>
+  readonly #unsubscribeStore: () => void
   readonly #maxAgents: number
 
   readonly #presence: StreamPresence
@@ -94,6 +100,7 @@ export class RouterEvents {
   }) {
     this.#maxAgents = opts.maxAgents ?? 1024
     this.#known = new BoundedSet(opts.knownEngineIds ?? Math.max(4096, 8 * this.#maxAgents))
+    this.#goneHeard = new BoundedSet(opts.knownEngineIds ?? Math.max(4096, 8 * this.#maxAgents))
     this.store = opts.store
     this.agents = opts.agents
     this.#registry = opts.registry
@@ -104,6 +111,18 @@ export class RouterEvents {
     this.#presence = opts.presence ?? {
       anyOpen: async (ids) => ids.some((id) => (this.agents.get(id)?.streams ?? 0) > 0),
     }
+    this.#unsubscribeStore = opts.store.subscribe((event) => {
+      if (event.type === 'peer_gone') for (const id of event.engineIds) this.#goneHeard.add(id)
+      else if (event.type === 'peer_alive') for (const id of event.engineIds) this.#goneHeard.delete(id)
+      else if (event.type === 'snapshot') for (const id of event.goneEngineIds) this.#goneHeard.add(id)
+    })
+    // What was declared gone before this router started (a shared log outlives its routers).
+    opts.store.snapshot().then(
+      (s) => {
+        for (const id of s.goneEngineIds) this.#goneHeard.add(id)
+      },
+      () => undefined,
+    )
     opts.registry.subscribe((change) => {
       // After the registry has told everyone (it is mid-notification now).
       if (change.type === 'added') queueMicrotask(() => this.#adopt(change.instanceId))
@@ -138,6 +157,7 @@ export class RouterEvents {
 
   close(): void {
     this.#closed = true
+    this.#unsubscribeStore()
     if (this.#retrying) clearTimeout(this.#retrying)
     this.#retrying = undefined
   }
@@ -286,6 +306,28 @@ export class RouterEvents {
     if (this.#registry.snapshot().instances.some((i) => i.engineId === engineId && this.#registry.isUp(i.id))) return true
     const agents = this.agents.byEngine(engineId)
     return agents.length > 0 && (await this.#presence.anyOpen(agents.map((a) => a.agentId)))
+  }
+
+  /**
+   * A prefill answer named `engineId` (`remote_engine_id`, the engine's own word): an engine
+   * declared gone is alive again under it (a crash that was a restart under a configured
+   * engine_id, ops that were wrong). Agents tombstoned it for minutes; `peer_alive` lifts that,
+   * so decoders read its blocks again (issue 17 item 6). On the request path: a set lookup,
+   * and the append only for an engine_id this router heard declared gone.
+   */
+  engineAnswered(engineId: string): void {
+    if (!this.#goneHeard.has(engineId)) return
+    this.#goneHeard.delete(engineId)
+    this.#decide(`peer_alive for ${engineId}`, () => this.peerAlive([engineId], 'answered a prefill under its engine_id'))
+  }
+
+  /** `peer_alive` for those of `engineIds` the log holds as gone; nothing when none is. */
+  async peerAlive(engineIds: readonly string[], reason: string): Promise<number | null> {
+    const event = await this.store.appendPeerAlive({ type: 'peer_alive', engineIds: [...engineIds], reason }, this.agents.all().map((a) => a.agentId))
+    if (!event) return null
+    this.#logged(event)
+    this.#logger.warn({ seq: event.seq, engineIds: event.engineIds, reason }, 'peer_alive')
+    return event.seq
   }
 
   /**

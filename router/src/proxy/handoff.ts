@@ -30,6 +30,8 @@ export interface HandoffDeps {
   /** Pair circuit breakers, fed by the decode leg's answer (a KV-load failure is D's 5xx). */
   pairs?: { recordFailure(prefill: string, decode: string): void; recordSuccess(prefill: string, decode: string): void }
   upstreamApiKey?: string
+  /** A prefill answer named this engine_id (RouterEvents.engineAnswered: a gone one lives again). */
+  engineAnswered?: (engineId: string) => void
 }
 
 type Body = Record<string, unknown>
@@ -217,6 +219,7 @@ export class HandoffRunner {
     }
     // A new engine_id at a known address: the registry tells its subscribers the old one is gone.
     registry.observeEngineId(p.id, String(params.remote_engine_id))
+    this.#d.engineAnswered?.(String(params.remote_engine_id))
     return { params: params as Body }
   }
 

@@ -1,6 +1,6 @@
 import type { Clock } from '../../../common/clock.js'
-import type { PeerGoneEvent, RouterEvent, SnapshotEvent } from '../../../schemas/events.js'
-import { type Delivery, type EventInput, EventLog, type LoggedEvent, type LogStats, type PeerGoneInput } from '../events/event-log.js'
+import type { PeerAliveEvent, PeerGoneEvent, RouterEvent, SnapshotEvent } from '../../../schemas/events.js'
+import { type Delivery, type EventInput, EventLog, type LoggedEvent, type LogStats, type PeerAliveInput, type PeerGoneInput } from '../events/event-log.js'
 
 /**
  * The store seam for the router's event log (DESIGN "State store", issue 10): the same
@@ -23,6 +23,11 @@ export interface EventStore {
    * one step (across every router sharing the store); undefined when every one was gone.
    */
   appendPeerGone(input: PeerGoneInput, expected: readonly string[]): Promise<PeerGoneEvent | undefined>
+  /**
+   * A `peer_alive` naming only those of its engine_ids still gone, which stop being gone, in
+   * one step (across every router sharing the store); undefined when none was.
+   */
+  appendPeerAlive(input: PeerAliveInput, expected: readonly string[]): Promise<PeerAliveEvent | undefined>
   /** The events after `after`, a snapshot first when some of them are no longer held; at most `limit` (a snapshot counts). */
   since(after: number, limit?: number): Promise<RouterEvent[]>
   /** Every engine_id still remembered as gone; its seq is the one just before the oldest held. */
@@ -99,6 +104,10 @@ export class MemoryEventStore implements EventStore {
 
   async appendPeerGone(input: PeerGoneInput, expected: readonly string[]): Promise<PeerGoneEvent | undefined> {
     return this.#log.appendPeerGone(input, expected)
+  }
+
+  async appendPeerAlive(input: PeerAliveInput, expected: readonly string[]): Promise<PeerAliveEvent | undefined> {
+    return this.#log.appendPeerAlive(input, expected)
   }
 
   async since(after: number, limit?: number): Promise<RouterEvent[]> {

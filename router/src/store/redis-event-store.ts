@@ -1,7 +1,7 @@
 import { createHash, randomUUID } from 'node:crypto'
 import type { Redis } from 'ioredis'
-import type { PeerGoneEvent, RouterEvent, SnapshotEvent } from '../../../schemas/events.js'
-import type { Delivery, EventInput, LoggedEvent, LogStats, PeerGoneInput } from '../events/event-log.js'
+import type { PeerAliveEvent, PeerGoneEvent, RouterEvent, SnapshotEvent } from '../../../schemas/events.js'
+import type { Delivery, EventInput, LoggedEvent, LogStats, PeerAliveInput, PeerGoneInput } from '../events/event-log.js'
 import type { EventListener, EventStore, EventStoreOptions } from './event-store.js'
 
 /**
@@ -102,6 +102,27 @@ local seq = (function()
 ${APPEND}
 end)()
 return {seq, unpack(fresh)}
+`
+
+// As APPEND_PEER_GONE, for a peer_alive: keeps the engine_ids still gone, takes them out of
+// the gone set (a later peer_gone logs again) and off ARGV (APPEND adds no gone ones), and
+// logs nothing ({0}) when none was gone.
+const APPEND_PEER_ALIVE = `
+local n = tonumber(ARGV[8])
+local alive = {}
+for i = 10 + n, #ARGV do
+  local at = redis.call('ZSCORE', KEYS[3], ARGV[i])
+  if at and tonumber(at) > tonumber(ARGV[7]) then alive[#alive + 1] = ARGV[i] end
+end
+if #alive == 0 then return {0} end
+for i = #ARGV, 10 + n, -1 do table.remove(ARGV, i) end
+redis.call('ZREM', KEYS[3], unpack(alive))
+local i, j = string.find(ARGV[1], '"${FRESH}"', 1, true)
+ARGV[1] = string.sub(ARGV[1], 1, i - 1) .. cjson.encode(alive) .. string.sub(ARGV[1], j + 1)
+local seq = (function()
+${APPEND}
+end)()
+return {seq, unpack(alive)}
 `
 
 // KEYS: acks, seq, stream, left, rosters, tracked. ARGV: agent, seq, derived-key prefix,
@@ -240,7 +261,14 @@ export class RedisEventStore implements EventStore {
     return { ...input, engineIds: fresh, at, seq }
   }
 
-  /** Runs an append script with the arguments both take (see APPEND). */
+  async appendPeerAlive(input: PeerAliveInput, expected: readonly string[]): Promise<PeerAliveEvent | undefined> {
+    const at = this.#opts.clock.now()
+    const [seq, ...alive] = (await this.#append(APPEND_PEER_ALIVE, { ...input, engineIds: FRESH, at }, expected, input.engineIds)) as [number, ...string[]]
+    if (seq === 0) return undefined
+    return { ...input, engineIds: alive, at, seq }
+  }
+
+  /** Runs an append script with the arguments they all take (see APPEND). */
   #append(script: string, body: { at: number } & Record<string, unknown>, expected: readonly string[], gone: readonly string[]): Promise<unknown> {
     const { at } = body
     const k = this.#keys

@@ -28,12 +28,16 @@ t.test('a prefiller back under its configured engine_id after a crash serves P/D
   t.ok((await within(15_000, async () => (await get(`${decode.agent.url}/v1/status`)).json<{ router: { connected: boolean } }>().router.connected)) >= 0, 'the decoder follows the router')
   for (let i = 0; i < 4; i++) t.ok((await complete(router.url, completionBody(i, 'before'), i)).ok, 'served before the crash')
 
-  const pullsBefore = await metric(decode.agent.url, 'handoff_agent_pulls_total', { outcome: 'ok' })
   await prefill.kill()
   const gone = await within(10_000, async () => (await metric(decode.agent.url, 'handoff_agent_peer_releases_total', { reason: 'peer_gone' })) >= 1)
   t.ok(gone >= 0, 'refused connections, no agent stream: declared gone, and the decoder released it')
   await prefill.startAgent()
   await prefill.startSim()
+  // Back in routing (its probes pass): from here requests go through P, not D alone.
+  const ready = async (): Promise<boolean> =>
+    (await get(`${router.url}/topology`, { authorization: 'Bearer admin-token-alive' })).json<{ instances: { id: string; state: string }[] }>().instances.some((i) => i.id === 'prefill-0' && i.state === 'ready')
+  t.ok((await within(10_000, ready)) >= 0, 'the prefiller is back in routing')
+  const pullsBack = await metric(decode.agent.url, 'handoff_agent_pulls_total', { outcome: 'ok' })
 
   const outcomes: Outcome[] = []
   const back = await within(20_000, async () => {
@@ -50,6 +54,6 @@ t.test('a prefiller back under its configured engine_id after a crash serves P/D
   t.ok(outcomes.slice(early).every((o) => o.ok), 'every request after that succeeded')
   t.ok(outcomes.length - early >= 30, `at least 30 after (${outcomes.length - early})`)
   t.ok((await metric(router.url, 'handoff_router_events_total', { type: 'peer_alive' })) >= 1, 'the router logged peer_alive')
-  const pulls = (await metric(decode.agent.url, 'handoff_agent_pulls_total', { outcome: 'ok' })) - pullsBefore
+  const pulls = (await metric(decode.agent.url, 'handoff_agent_pulls_total', { outcome: 'ok' })) - pullsBack
   t.ok(pulls >= 30, `and P/D resumed: the decoder READ the prefiller's KV again (${pulls} pulls), no local prefill in its place`)
 })

@@ -82,48 +82,44 @@ end
 return seq
 `
 
-// As APPEND, for a peer_gone: first drops the engine_ids still gone (scored after the cutoff)
-// from ARGV and from the event, whose JSON holds "engineIds":"${FRESH}" for the script to
-// fill; logs nothing and returns {0} when none is left, else {seq, the engine_ids logged}.
+// The peer_gone and peer_alive appends: the event's JSON holds "engineIds":"${FRESH}", and
+// `pick` (Lua) keeps in the table `ids` those of the engine_ids at the end of ARGV that the
+// event should name, leaving ARGV's tail as the ones APPEND should mark gone. Logs nothing and
+// returns {0} when none is kept, else {seq, the engine_ids logged}.
 const FRESH = '@fresh@'
-const APPEND_PEER_GONE = `
+const appendNaming = (pick: string): string => `
 local n = tonumber(ARGV[8])
-local fresh = {}
-for i = 10 + n, #ARGV do
-  local at = redis.call('ZSCORE', KEYS[3], ARGV[i])
-  if not at or tonumber(at) <= tonumber(ARGV[7]) then fresh[#fresh + 1] = ARGV[i] end
-end
-if #fresh == 0 then return {0} end
-for i = #ARGV, 10 + n, -1 do table.remove(ARGV, i) end
-for _, id in ipairs(fresh) do ARGV[#ARGV + 1] = id end
+local ids = {}
+${pick}
+if #ids == 0 then return {0} end
 local i, j = string.find(ARGV[1], '"${FRESH}"', 1, true)
-ARGV[1] = string.sub(ARGV[1], 1, i - 1) .. cjson.encode(fresh) .. string.sub(ARGV[1], j + 1)
+ARGV[1] = string.sub(ARGV[1], 1, i - 1) .. cjson.encode(ids) .. string.sub(ARGV[1], j + 1)
 local seq = (function()
 ${APPEND}
 end)()
-return {seq, unpack(fresh)}
+return {seq, unpack(ids)}
 `
 
-// As APPEND_PEER_GONE, for a peer_alive: keeps the engine_ids still gone, takes them out of
-// the gone set (a later peer_gone logs again) and off ARGV (APPEND adds no gone ones), and
-// logs nothing ({0}) when none was gone.
-const APPEND_PEER_ALIVE = `
-local n = tonumber(ARGV[8])
-local alive = {}
+// peer_gone: only the engine_ids not still gone (scored after the cutoff), which APPEND marks.
+const APPEND_PEER_GONE = appendNaming(`
 for i = 10 + n, #ARGV do
   local at = redis.call('ZSCORE', KEYS[3], ARGV[i])
-  if at and tonumber(at) > tonumber(ARGV[7]) then alive[#alive + 1] = ARGV[i] end
+  if not at or tonumber(at) <= tonumber(ARGV[7]) then ids[#ids + 1] = ARGV[i] end
 end
-if #alive == 0 then return {0} end
 for i = #ARGV, 10 + n, -1 do table.remove(ARGV, i) end
-redis.call('ZREM', KEYS[3], unpack(alive))
-local i, j = string.find(ARGV[1], '"${FRESH}"', 1, true)
-ARGV[1] = string.sub(ARGV[1], 1, i - 1) .. cjson.encode(alive) .. string.sub(ARGV[1], j + 1)
-local seq = (function()
-${APPEND}
-end)()
-return {seq, unpack(alive)}
-`
+for _, id in ipairs(ids) do ARGV[#ARGV + 1] = id end
+`)
+
+// peer_alive: only the engine_ids still gone, which stop being gone (a later peer_gone logs
+// again); APPEND marks none.
+const APPEND_PEER_ALIVE = appendNaming(`
+for i = 10 + n, #ARGV do
+  local at = redis.call('ZSCORE', KEYS[3], ARGV[i])
+  if at and tonumber(at) > tonumber(ARGV[7]) then ids[#ids + 1] = ARGV[i] end
+end
+for i = #ARGV, 10 + n, -1 do table.remove(ARGV, i) end
+if #ids > 0 then redis.call('ZREM', KEYS[3], unpack(ids)) end
+`)
 
 // KEYS: acks, seq, stream, left, rosters, tracked. ARGV: agent, seq, derived-key prefix,
 // ackFloor. Returns [seq, event JSON, ...] for each event this ack completed (its last

@@ -9,13 +9,15 @@ import { needNixl, probeNixl } from '../native/helpers.js'
  * Issue 9, with real processes (one router in memory; a prefiller and a decoder whose transfer
  * agents follow its event log with --router-url; test/helpers/event-log.ts):
  * a. ops `POST /fault_tolerance/event` peer_gone for the prefiller → every agent applies it
- *    within APPLY_BOUND_MS; the decoder's next pull from it fails fast (XFA_ERR_PEER_GONE); a
- *    repeat, an unknown engine, a bad body and a missing token change nothing.
+ *    within APPLY_BOUND_MS and the decoder releases its state; a repeat, an unknown engine, a
+ *    bad body and a missing token change nothing. The prefiller is alive and still in routing,
+ *    so its next answer makes it peer_alive (issue 17 item 6) and P/D goes on; a pull racing
+ *    that fails fast (XFA_ERR_PEER_GONE).
  */
 
 const probe = await probeNixl()
 
-t.test('a. ops peer_gone: every agent applies it, the decoder fails fast, repeats and unknowns are no-ops', { skip: needNixl(t, probe) }, async (t) => {
+t.test('a. ops peer_gone: every agent applies it, the decoder releases the peer, repeats and unknowns are no-ops; a live engine lives again', { skip: needNixl(t, probe) }, async (t) => {
   // The decoder's agent is given a dead router first: it fails over to the live one.
   const deadPort = await freePort()
   const { prefill, decode, router } = await cluster(t, await freePort(), (url) => `http://127.0.0.1:${deadPort},${url}`)
@@ -48,11 +50,14 @@ t.test('a. ops peer_gone: every agent applies it, the decoder fails fast, repeat
   res = await post(url, event, admin)
   t.same(res.json(), { seq, engine_ids: [p.engineId], unknown: [], alive_skipped: [], logged: false }, 'a repeat: the same seq, nothing logged')
 
-  // D's next pull naming P fails fast: the request fails with the agent's code in its message.
-  const started = performance.now()
-  const after = await complete(router.url, completionBody(1, 'a'), 1)
-  const took = performance.now() - started
-  t.not(after.status, 200, 'the request through the gone prefiller fails')
-  t.match(after.message ?? '', /XFA_ERR_PEER_GONE/, `with XFA_ERR_PEER_GONE (${after.code}: ${after.message?.slice(0, 160)})`)
-  t.ok(took < 5000, `and fast (${Math.round(took)} ms)`)
+  // The decoder dropped P's state at once. P is still in routing, and alive: its next prefill
+  // answer names its engine_id, the router logs peer_alive, the agents lift the tombstone and
+  // P/D goes on (issue 17 item 6). A pull racing that event may still fail fast, coded.
+  t.ok((await metric(decode.agent.url, 'handoff_agent_peer_releases_total', { reason: 'peer_gone' })) >= 1, "the decoder released P's state")
+  const afters: Awaited<ReturnType<typeof complete>>[] = []
+  for (let i = 0; i < 3; i++) afters.push(await complete(router.url, completionBody(1 + i, 'a'), 1 + i))
+  const failed = afters.filter((o) => o.status !== 200)
+  t.ok(failed.every((o) => /XFA_ERR_PEER_GONE/.test(o.message ?? '')), `a pull that raced the lift failed fast with XFA_ERR_PEER_GONE (${failed.length})`)
+  t.ok(afters.at(-1)?.ok, 'and then P/D serves again')
+  t.ok((await metric(router.url, 'handoff_router_events_total', { type: 'peer_alive' })) >= 1, 'the router logged peer_alive: a live engine declared gone lives again')
 })

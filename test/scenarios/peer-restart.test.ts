@@ -67,8 +67,14 @@ t.test('b. prefiller killed and restarted under a new engine_id at the same addr
   t.equal(cut.filter((o) => o.status === 0).length, 0, 'every request got an answer (none hung or lost its connection)')
   t.ok(cut.every((o) => o.ms < 30_000), 'none waited past 30 s')
 
-  // The router must see the prefiller up again before "later" requests start.
-  t.ok(await untilOk(async () => (await complete(router.url, completionBody(0, 'probe'), 0)).ok, 15_000), 'a request succeeds again')
+  // The router must see the prefiller up again before "later" requests start, and serve P/D
+  // through it: the decode failures around the kill may have opened the pair's breaker, and
+  // until its trial passes requests are served by D alone.
+  const pulls = await metric(decode.agent.url, 'handoff_agent_pulls_total', { outcome: 'ok' })
+  t.ok(
+    await untilOk(async () => (await complete(router.url, completionBody(0, 'probe'), 0)).ok && (await metric(decode.agent.url, 'handoff_agent_pulls_total', { outcome: 'ok' })) > pulls, 30_000),
+    'a request succeeds again, through the restarted prefiller',
+  )
   const after = traffic(router.url, 4, 'after')
   await sleep(2000)
   const later = tally(await after.stop())

@@ -51,7 +51,20 @@ export async function cluster(t: Test, routerPort: number, agentUrls?: (routerUr
   const decode = await startEngine(t, { role: 'decode', leaseSeconds: LEASE_S, simArgs: ['--kv-load-failure-policy', 'fail'], agentArgs })
   const config = { port: routerPort, adminToken: ADMIN, ...fastHealth }
   const router = await startRouterProcess(t, [prefill, decode], config)
-  const restart = async (): Promise<SpawnedService> => startRouterProcess(t, [prefill, decode], config)
+  // The agents keep dialling the dead router's port meanwhile, and a port from the ephemeral
+  // range can be taken by one of those very connections (Linux lets a connect to a closed
+  // local port succeed to itself): then the restart's listen finds it in use. Try again, as
+  // an orchestrator restarting the router would; a fixed port like 8000 never meets this.
+  const restart = async (): Promise<SpawnedService> => {
+    for (let attempt = 1; ; attempt++) {
+      try {
+        return await startRouterProcess(t, [prefill, decode], config)
+      } catch (err) {
+        if (attempt >= 10 || !/EADDRINUSE/.test(String((err as Error).message))) throw err
+        await new Promise((resolve) => setTimeout(resolve, 200))
+      }
+    }
+  }
   const connected = await within(10_000, async () => (await Promise.all([prefill, decode].map(agentStatus))).every((s) => s.router.connected))
   t.ok(connected >= 0, `both agents follow the router's log (${Math.round(connected)} ms after it started)`)
   return { prefill, decode, router, restart }

@@ -81,7 +81,7 @@ export interface NativeBinding {
   load(libDir: string): Promise<{ path: string; pluginDir: string }>
   loadedPath(): string | null
   NativeAgent: new (onEvent: NativeEventFn) => NativeAgentHandle
-  mapShared(name: string, size: number, create: boolean, exclusive: boolean): ArrayBuffer
+  mapShared(name: string, size: number, create: boolean, exclusive: boolean, lock: boolean): ArrayBuffer
   unmapShared(buffer: ArrayBuffer): boolean
   unlinkShared(name: string): boolean
   pinShared(addr: bigint, len: number, delta: number): boolean

@@ -22,6 +22,11 @@ export interface SharedMemoryOptions {
   create?: boolean
   /** With create: fail if it already exists. */
   exclusive?: boolean
+  /**
+   * Hold an exclusive lock on the object while mapped: mapping it again with `lock`, from any
+   * process, fails (NAT_ERR_SHM, "held by another mapping") until this mapping is unmapped.
+   */
+  lock?: boolean
 }
 
 /**
@@ -33,7 +38,7 @@ export function mapSharedMemory(name: string, size: number, opts: SharedMemoryOp
   const n = native()
   let buffer: ArrayBuffer
   try {
-    buffer = n.mapShared(name, size, opts.create ?? false, opts.exclusive ?? false)
+    buffer = n.mapShared(name, size, opts.create ?? false, opts.exclusive ?? false, opts.lock ?? false)
   } catch (err) {
     throw fromNative(err)
   }

@@ -24,6 +24,10 @@ export const AgentConfig = Type.Object(
     // Needed on the engine API and by the router (its agent endpoints), when set.
     agentToken: Type.Optional(Type.String({ minLength: 1 })),
     nixlLibDir: Type.Optional(Type.String({ minLength: 1 })),
+    // The engine's KV region must be a shared-memory object named under this prefix; an attach
+    // naming anything else is refused (XFA_ERR_ATTACH_REFUSED), so the engine plane cannot
+    // make the agent map, and expose to peers, an object that is not a KV region.
+    shmPrefix: Type.String({ minLength: 2, maxLength: 200, pattern: '^/[^/]+$', default: '/handoff-' }),
     // Accept pulls whose prefiller exported no lease expiry (remote_blocks_expiry_time null, as
     // vLLM's own P does): they are read with no lease check at all, so P may have reused the
     // blocks. Off: such a pull is refused (XFA_ERR_NO_LEASE_EXPIRY). Counted when on.

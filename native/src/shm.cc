@@ -1,6 +1,7 @@
 #include "shm.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -29,7 +30,15 @@ struct Mapping {
   // mmap; the old ArrayBuffer's finalizer (it runs at some later GC) must then leave the new
   // mapping alone instead of unmapping it.
   uint64_t generation = 0;
+  // With the lock option: the descriptor holding flock(LOCK_EX) on the object, closed (and so
+  // unlocked) when the mapping goes. -1 without a lock.
+  int lock_fd = -1;
 };
+
+void Release(const Mapping& m) {
+  ::munmap(m.addr, m.len);
+  if (m.lock_fd >= 0) ::close(m.lock_fd);
+}
 uint64_t g_next_generation = 1;
 std::mutex g_maps_mutex;
 std::map<void*, Mapping> g_maps;
@@ -81,6 +90,10 @@ Napi::Value MapShared(const Napi::CallbackInfo& info) {
   const double want = info[1].As<Napi::Number>().DoubleValue();
   const bool create = info.Length() > 2 && info[2].ToBoolean().Value();
   const bool exclusive = info.Length() > 3 && info[3].ToBoolean().Value();
+  // One holder per object across processes: an agent must never map a region another agent
+  // has attached (issue 18). A lock on the open file description, so any process that opens
+  // the object again, this one included, is refused until the mapping is released.
+  const bool lock = info.Length() > 4 && info[4].ToBoolean().Value();
   if (!(want >= 0) || want > 1e15 || (create && !(want > 0))) throw ArgError(env, "size must be a positive byte count");
 
   int flags = O_RDWR;
@@ -90,6 +103,11 @@ Napi::Value MapShared(const Napi::CallbackInfo& info) {
   if (fd < 0) throw ShmError(env, "shm_open " + name, errno);
   size_t len = static_cast<size_t>(want);
   struct stat st;
+  if (lock && ::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    int err = errno;
+    ::close(fd);
+    throw ShmError(env, "region " + name + " is held by another mapping (flock)", err);
+  }
   if (::fstat(fd, &st) != 0) {
     int err = errno;
     ::close(fd);
@@ -113,17 +131,23 @@ Napi::Value MapShared(const Napi::CallbackInfo& info) {
   }
   void* addr = ::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   const int map_err = errno;
-  ::close(fd);  // the mapping keeps the object alive
-  if (addr == MAP_FAILED) throw ShmError(env, "mmap " + name, map_err);
+  if (addr == MAP_FAILED) {
+    ::close(fd);
+    throw ShmError(env, "mmap " + name, map_err);
+  }
+  // The mapping keeps the object alive; the descriptor stays open only to hold the lock.
+  int lock_fd = -1;
+  if (lock) lock_fd = fd;
+  else ::close(fd);
   uint64_t generation = 0;
   {
     std::lock_guard<std::mutex> lock(g_maps_mutex);
     generation = g_next_generation++;
-    g_maps[addr] = Mapping{addr, len, 0, generation};
+    g_maps[addr] = Mapping{addr, len, 0, generation, lock_fd};
   }
   return Napi::ArrayBuffer::New(env, addr, len, [generation](Napi::Env, void* data) {
     Mapping m;
-    if (Forget(data, &m, generation)) ::munmap(m.addr, m.len);
+    if (Forget(data, &m, generation)) Release(m);
   });
 }
 
@@ -147,7 +171,7 @@ Napi::Value UnmapShared(const Napi::CallbackInfo& info) {
   if (!Forget(addr, &m)) return Napi::Boolean::New(env, false);
   // Detach first so no JS view can touch the pages once they are gone.
   ab.Detach();
-  ::munmap(m.addr, m.len);
+  Release(m);
   return Napi::Boolean::New(env, true);
 }
 

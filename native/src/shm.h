@@ -5,7 +5,7 @@
 
 namespace hnx {
 
-// mapShared(name, size, create, exclusive) -> ArrayBuffer
+// mapShared(name, size, create, exclusive, lock) -> ArrayBuffer
 Napi::Value MapShared(const Napi::CallbackInfo& info);
 // unmapShared(ArrayBuffer) -> boolean: detaches the buffer and unmaps it now.
 Napi::Value UnmapShared(const Napi::CallbackInfo& info);

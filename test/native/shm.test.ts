@@ -93,3 +93,19 @@ t.test('collecting an unmapped buffer leaves a new mapping at the same address a
   t.equal(new Uint8Array(second.buffer)[4096], 42, 'the new mapping is still there')
   second.unmap()
 })
+
+// An agent must never map a region another agent has attached (issue 18 §4): with `lock`, the
+// object is held exclusively until the mapping goes, from this process or any other.
+t.test('a locked mapping refuses a second locked mapping until it is unmapped', async (t) => {
+  const name = `/handoff-shm-lock-${process.pid}`
+  t.teardown(() => unlinkSharedMemory(name))
+  const first = mapSharedMemory(name, 4096, { create: true, lock: true })
+  t.throws(() => mapSharedMemory(name, 4096, { lock: true }), { code: 'NAT_ERR_SHM', message: /held by another mapping/ }, 'held')
+  const plain = mapSharedMemory(name, 4096)
+  t.pass('a mapping without the lock is not refused (the engine maps its own region)')
+  plain.unmap()
+  first.unmap()
+  const again = mapSharedMemory(name, 4096, { lock: true })
+  t.equal(again.size, 4096, 'free again once unmapped')
+  again.unmap()
+})

@@ -117,9 +117,12 @@ export interface Region {
   block(i: number): Uint8Array
 }
 
-/** A shared-memory KV region unique to this process and test, unlinked in teardown. */
-export function region(t: TapLike, tag: string, layout: Layout): Region {
-  const name = `/xfa-test-${process.pid}-${tag}`
+/**
+ * A shared-memory KV region unique to this process and test, unlinked in teardown. Agents map
+ * only names under their prefix (default /handoff-).
+ */
+export function region(t: TapLike, tag: string, layout: Layout, prefix = '/handoff-xfa-test-'): Region {
+  const name = `${prefix}${process.pid}-${tag}`
   const blockBytes = layout.blockSize * layout.bytesPerToken
   const shm = mapSharedMemory(name, layout.numBlocks * blockBytes, { create: true })
   t.teardown(() => {

@@ -136,10 +136,16 @@ export class TransferAgent {
   /**
    * The engine names its KV region. The same attach again is a no-op; another engine_id
    * (the engine restarted) replaces the attachment: its leases end, its NIXL agent closes
-   * once its READs are quiescent, and peers see a new NIXL agent name.
+   * once its READs are quiescent, and peers see a new NIXL agent name. A region outside the
+   * configured prefix, or one another agent holds, is refused before anything changes: the
+   * engine attached now keeps its region and its leases.
    */
   async attach(req: AgentAttach): Promise<AgentAttached> {
     if (this.#closed) throw xfaError('XFA_ERR_SHUTTING_DOWN', 'the agent is closing')
+    const prefix = this.#d.config.shmPrefix
+    if (!req.shmName.startsWith(prefix)) {
+      throw xfaError('XFA_ERR_ATTACH_REFUSED', `${req.shmName} is not under this agent's shared-memory prefix ${prefix} (--shm-prefix)`, { engineId: req.engineId })
+    }
     while (this.#attaching) await this.#attaching.catch(() => undefined)
     const current = this.#attachment
     if (!current || !current.sameAs(req)) {
@@ -163,6 +169,10 @@ export class TransferAgent {
 
   async #replace(old: Attachment | undefined, req: AgentAttach): Promise<Attachment> {
     const { log, metrics, clock } = this.#d
+    // Another region is opened (and locked) first, so a refused or failed one ends nothing.
+    // The same region (an engine restarted with a fixed name) is ours: let go of it, then
+    // take it again.
+    const opened = old && old.request.shmName !== req.shmName ? await Attachment.open(req) : undefined
     if (old) {
       this.#attachment = undefined
       const ended = this.#leases?.releaseAll() ?? 0
@@ -171,7 +181,7 @@ export class TransferAgent {
       log.warn({ old: old.engineId, engineId: req.engineId, leasesEnded: ended }, 'engine re-attached with another region or engine_id: closing the old NIXL agent')
       await old.close()
     }
-    const att = await Attachment.open(req)
+    const att = opened ?? (await Attachment.open(req))
     att.nixl.on('notification', (n: Notification) => this.#notification(n))
     const leases = new PrefillLeases({
       clock,

@@ -14,7 +14,9 @@ import { xfaError } from './errors.js'
  * NIXL agent named after its engine_id with that region registered, and the region prepared
  * as blocks once, so every pull is one `make_xfer_req` by block index. A new engine_id (the
  * engine restarted) gets a new attachment: NIXL names agents at creation, and a peer must see
- * a new name for a new incarnation.
+ * a new name for a new incarnation. The region is locked while attached (one agent per
+ * region, across processes): an agent whose peers could read another engine's region would
+ * hand them that engine's KV, and its READs would write into that engine's blocks.
  */
 export class Attachment {
   readonly engineId: string
@@ -62,8 +64,12 @@ export class Attachment {
     const bytes = req.numBlocks * req.blockSize * req.bytesPerToken
     let shm: SharedMemory
     try {
-      shm = mapSharedMemory(req.shmName, bytes)
+      // Locked for as long as this attachment lives: no other agent can map the region.
+      shm = mapSharedMemory(req.shmName, bytes, { lock: true })
     } catch (cause) {
+      if (/held by another mapping/.test(String((cause as Error).message))) {
+        throw xfaError('XFA_ERR_REGION_IN_USE', `${req.shmName} is held by another agent (or an earlier attachment of this one)`, { engineId: req.engineId, cause })
+      }
       throw xfaError('XFA_ERR_ATTACH_FAILED', `cannot map ${req.shmName} (${bytes} bytes)`, { engineId: req.engineId, cause })
     }
     let nixl: NixlAgent | undefined

@@ -216,6 +216,10 @@ export async function main(argv: string[]): Promise<void> {
   const agentToken = process.env.HANDOFF_AGENT_TOKEN ?? (loopback ? undefined : randomBytes(16).toString('hex'))
   if (agentToken && !process.env.HANDOFF_AGENT_TOKEN) process.stderr.write('handoff up: routers listen beyond loopback: agents authenticate with a token made for this cluster\n')
   const withToken = agentToken ? { ...process.env, HANDOFF_AGENT_TOKEN: agentToken } : process.env
+  // The agents' handshake credential, separate from the token whenever there is one; only
+  // agents get it.
+  const peerSecret = process.env.HANDOFF_PEER_SECRET ?? (agentToken ? randomBytes(16).toString('hex') : undefined)
+  const agentEnv = peerSecret ? { ...withToken, HANDOFF_PEER_SECRET: peerSecret } : withToken
   const lease = values['lease-seconds'] ? ['--lease-seconds', values['lease-seconds']] : []
   const simArgs = [
     '--kv',
@@ -261,7 +265,7 @@ export async function main(argv: string[]): Promise<void> {
       plan.map(async (p) => {
         let agentUrl: string | undefined
         if (kv === 'agent') {
-          agentUrl = (await start({ args: ['agent', '--port', '0', '--router-url', routerUrls, ...lease], env: withToken })).url
+          agentUrl = (await start({ args: ['agent', '--port', '0', '--router-url', routerUrls, ...lease], env: agentEnv })).url
         }
         const sim = await start({
           args: ['sim', '--role', p.role, '--port', '0', ...simArgs, ...(agentUrl ? ['--agent-url', agentUrl] : []), ...(agentUrl && agentToken ? ['--agent-token', agentToken] : [])],

@@ -67,6 +67,17 @@ export const LeaseGranted = Type.Object(
 )
 export type LeaseGranted = Static<typeof LeaseGranted>
 
+/**
+ * remote_host as P advertised it: a DNS name (labels of 1–63 letters, digits and inner
+ * hyphens), an IPv4 address or an IPv6 literal without brackets. Nothing that could carry a
+ * path, a query, credentials or a port into the URL the agent dials.
+ */
+const PeerHost = Type.String({
+  minLength: 1,
+  maxLength: 253,
+  pattern: '^(?:[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?(?:\\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*|[0-9A-Fa-f.]*:[0-9A-Fa-f:.]*)$',
+})
+
 /** POST /v1/pulls (decoder): READ a prefiller's blocks into local blocks. */
 export const PullRequest = Type.Object(
   {
@@ -74,7 +85,7 @@ export const PullRequest = Type.Object(
     requestId: Id,
     remoteEngineId: Id,
     remoteRequestId: Id,
-    remoteHost: Type.String({ minLength: 1, maxLength: 253 }),
+    remoteHost: PeerHost,
     remotePort: Type.Integer({ minimum: 1, maximum: 65535 }),
     remoteBlockIds: BlockIds,
     // P's lease deadline on P's clock (seconds); null: P exported none, nothing to check.
@@ -94,7 +105,7 @@ export const PullExpected = Type.Object(
   {
     remoteEngineId: Id,
     remoteRequestId: Id,
-    remoteHost: Type.String({ minLength: 1, maxLength: 253 }),
+    remoteHost: PeerHost,
     remotePort: Type.Integer({ minimum: 1, maximum: 65535 }),
   },
   { $id: 'PullExpected', additionalProperties: false },

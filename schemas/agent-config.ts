@@ -23,6 +23,10 @@ export const AgentConfig = Type.Object(
     routerUrl: Type.Optional(Type.String({ minLength: 8, maxLength: 4096, pattern: '^https?://[^,\\s]+(,https?://[^,\\s]+)*$' })),
     // Needed on the engine API and by the router (its agent endpoints), when set.
     agentToken: Type.Optional(Type.String({ minLength: 1 })),
+    // The agent↔agent credential: handshakes carry proofs made with it, never the secret
+    // (transfer-agent/src/peer-proof.ts). Unset: the agent token is the key (one secret for
+    // both planes); neither: peers are not authenticated.
+    peerSecret: Type.Optional(Type.String({ minLength: 16 })),
     nixlLibDir: Type.Optional(Type.String({ minLength: 1 })),
     // The engine's KV region must be a shared-memory object named under this prefix; an attach
     // naming anything else is refused (XFA_ERR_ATTACH_REFUSED), so the engine plane cannot

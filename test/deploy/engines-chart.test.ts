@@ -21,7 +21,7 @@ const run = promisify(execFile)
 const ADMIN_TOKEN = 'admin-token-for-tests'
 const ADMIN = ['--set', `secrets.adminToken=${ADMIN_TOKEN}`, '--set', 'secrets.agentToken=agent-token-for-tests']
 const ENGINES = [...ADMIN, '--set', 'engines.prefill.enabled=true', '--set', 'engines.decode.enabled=true']
-const AGENT = ['--set', 'engines.agent.enabled=true', '--set', 'secrets.agentToken=agent-token-for-tests']
+const AGENT = ['--set', 'engines.agent.enabled=true', '--set', 'secrets.agentToken=agent-token-for-tests', '--set', 'secrets.peerSecret=peer-secret-for-tests']
 
 interface Container {
   name: string
@@ -152,6 +152,8 @@ t.test('engine pods in the Helm chart and the examples, against a real API serve
       t.match(agent, { restartPolicy: 'Always', command: ['node', 'dist/cli/main.js', 'agent'] }, `${role}: the agent as a native sidecar`)
       t.equal(flag(agent?.command ?? [], '--router-url'), `http://r-handoff-admin.${ns}.svc:8000`, `${role}: the agent follows the router`)
       t.match(agent?.env?.find((e) => e.name === 'HANDOFF_AGENT_TOKEN'), { valueFrom: { secretKeyRef: { name: 'r-handoff', key: 'agent-token' } } })
+      // Agents prove a secret of their own to each other (issue 18 §2), not the agent token.
+      t.match(agent?.env?.find((e) => e.name === 'HANDOFF_PEER_SECRET'), { valueFrom: { secretKeyRef: { name: 'r-handoff', key: 'peer-secret' } } })
       // The API server itself evaluates the router's selectors against a pod of this template.
       await podFrom(kube, ns, `${role}-pod`, tpl)
     }
@@ -222,6 +224,8 @@ t.test('engine pods in the Helm chart and the examples, against a real API serve
     t.match(await fails(['--set', 'discovery.prefill=null']), /engines\.prefill\.enabled needs discovery\.prefill/)
     t.equal(await fails(['--set', 'discovery.enabled=false', '--set', 'engines.decode.port=8100']), '', 'without discovery the ports are the operator’s business')
     t.equal(await fails([...AGENT, '--set', 'engines.drain.routerUrls={http://a:8000,http://b:8000}']), '', 'several router URLs render')
+    t.match(await fails(['--set', 'engines.agent.enabled=true']), /engines\.agent\.enabled needs secrets\.peerSecret/)
+    t.match(await fails([...AGENT, '--set', 'secrets.peerSecret=agent-token-for-tests']), /secrets\.peerSecret must differ from secrets\.agentToken/)
     // One lease length (issue 17 item 3): a router judging longer leases than the engines hold
     // would hand decoders freed blocks.
     t.match(await fails(['--set', 'router.config.leases.leaseSeconds=60']), /router\.config\.leases\.leaseSeconds \(60\) must equal engines\.leaseSeconds \(30\)/)

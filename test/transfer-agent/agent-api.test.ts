@@ -3,6 +3,7 @@ import { once } from 'node:events'
 import t, { type Test } from 'tap'
 import { cliEntry } from '../../common/paths.js'
 import type { LeaseGranted, PullDone } from '../../schemas/agent-api.js'
+import { PEER_AUTH_SCHEME, peerKey, proveHandshake } from '../../transfer-agent/src/peer-proof.js'
 import { attach, fillBlock, region, sameBytes, skipWithoutNixl, startAgent, waitEvent, type Agent, type Layout, type Region } from './agent-procs.js'
 
 // The agent's HTTP API with real agent processes; the test is both engines (attach, lease,
@@ -132,7 +133,11 @@ t.test('agent API with real processes', { skip }, async (t) => {
     const auth = { authorization: 'Bearer s3cret' }
     t.match(await A.call('POST', '/v1/leases', { requestId: 'x', blockIds: [1] }, auth), { status: 409, body: { error: { code: 'XFA_ERR_NOT_ATTACHED' } } })
     t.match(await A.call('POST', '/v1/pulls', pullBody(p, {}), auth), { status: 409, body: { error: { code: 'XFA_ERR_NOT_ATTACHED' }, invalidBlockIds: [10, 11] } })
-    t.match(await A.call('GET', '/v1/peer/handshake', undefined, auth), { status: 409, body: { error: { code: 'XFA_ERR_NOT_ATTACHED' } } })
+    t.match(await A.call('GET', '/v1/peer/handshake', undefined, auth), { status: 401, body: { error: { code: 'XFA_ERR_UNAUTHORIZED' } } }, 'the token is no credential for the peer plane')
+    // A peer's proof (the key is the agent token: A has no peer secret) gets through.
+    const claim = { callee: 'p', address: `127.0.0.1:${A.port}`, caller: 'test', ts: Date.now(), nonce: '0f'.repeat(16) }
+    const proved = await A.call('GET', `/v1/peer/handshake?engine_id=p&caller=test&ts=${claim.ts}&nonce=${claim.nonce}`, undefined, { authorization: `${PEER_AUTH_SCHEME} ${proveHandshake(peerKey('s3cret'), claim)}` })
+    t.match(proved, { status: 409, body: { error: { code: 'XFA_ERR_NOT_ATTACHED' } } })
     t.match(await A.call('DELETE', '/v1/leases/x', undefined, auth), { status: 409, body: { error: { code: 'XFA_ERR_NOT_ATTACHED' } } })
     t.match(await A.call('GET', '/health'), { status: 200, body: { status: 'ok', attached: false } })
   })

@@ -32,7 +32,7 @@ function scripted(times: number[]): Clock {
 t.test('several samples, the tightest kept', async (t) => {
   // Round trips 40, 4 and 20 ms; P's clock reads 1000.5 s in the middle of each.
   const p = await peer(t, [() => answer('p0', 1000.02), () => answer('p0', 1000.102), () => answer('p0', 1000.21)])
-  const hs = createHandshake({ clock: scripted([0, 40, 100, 104, 200, 220]), timeoutMs: 2000, samples: 3 })
+  const hs = createHandshake({ clock: scripted([0, 40, 100, 104, 200, 220]), caller: 'test', timeoutMs: 2000, samples: 3 })
   t.teardown(() => hs.close())
   const r = await hs.handshake(p.address, 'p0', new AbortController().signal)
   t.equal(p.calls(), 3, 'three samples')
@@ -44,16 +44,16 @@ t.test('several samples, the tightest kept', async (t) => {
 
 t.test('one sample when asked; a peer that changes between samples fails the handshake', async (t) => {
   const one = await peer(t, [() => answer('p0', 5)])
-  const hs1 = createHandshake({ clock: systemClock, timeoutMs: 2000, samples: 1 })
+  const hs1 = createHandshake({ clock: systemClock, caller: 'test', timeoutMs: 2000, samples: 1 })
   t.teardown(() => hs1.close())
   await hs1.handshake(one.address, 'p0', new AbortController().signal)
   t.equal(one.calls(), 1)
 
   const flips = await peer(t, [() => answer('p0', 5), () => answer('p1', 5)])
-  const hs = createHandshake({ clock: systemClock, timeoutMs: 2000 })
+  const hs = createHandshake({ clock: systemClock, caller: 'test', timeoutMs: 2000 })
   t.teardown(() => hs.close())
   await t.rejects(hs.handshake(flips.address, 'p0', new AbortController().signal), /changed while it was sampled \(p0 → p1\)/)
   const remd = await peer(t, [() => answer('p0', 5, 'bWQ='), () => answer('p0', 5, 'b3RoZXI=')])
   await t.rejects(hs.handshake(remd.address, 'p0', new AbortController().signal), /changed while it was sampled/, 'the same engine_id with another NIXL agent too')
-  t.throws(() => createHandshake({ clock: systemClock, timeoutMs: 10, samples: 0 }), RangeError)
+  t.throws(() => createHandshake({ clock: systemClock, caller: 'test', timeoutMs: 10, samples: 0 }), RangeError)
 })

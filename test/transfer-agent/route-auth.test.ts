@@ -2,12 +2,14 @@ import pino from 'pino'
 import t from 'tap'
 import type { AddressInfo } from 'node:net'
 import { createAgentMetrics } from '../../transfer-agent/src/metrics.js'
+import { PEER_AUTH_SCHEME, peerKey, proveHandshake } from '../../transfer-agent/src/peer-proof.js'
 import type { TransferAgent } from '../../transfer-agent/src/agent.js'
 import { concretePath, errorCode, rawRequest, routeRecorder, targetVariants } from '../helpers/route-auth.js'
 
 /*
  * Issue 18 item 1: with an agent token set, no route of the agent's own table except the
- * public probes answers without it, whatever form the request target takes (absolute-form,
+ * public probes answers without its plane's credential (the agent token for the engine API,
+ * a peer proof for the handshake), whatever form the request target takes (absolute-form,
  * percent-escapes, case, slashes, query). The agent behind the app is a spy: a guarded call
  * that reached a handler would show up in `calls`. A route added outside the guarded plugins
  * fails here, because every route the app registers is tried.
@@ -15,6 +17,14 @@ import { concretePath, errorCode, rawRequest, routeRecorder, targetVariants } fr
 
 const TOKEN = 'agent-secret-123'
 const PUBLIC = new Set(['/health', '/metrics'])
+const KEY = peerKey(TOKEN)
+const SPY_ADDRESS = '127.0.0.1:7400'
+let nonce = 0
+/** The handshake's credential: a fresh proof for the spy's address, as a peer makes it. */
+function peerProof(): { query: string; authorization: string } {
+  const claim = { callee: 'p', address: SPY_ADDRESS, caller: 'test', ts: Date.now(), nonce: (++nonce).toString(16).padStart(32, '0') }
+  return { query: `?engine_id=p&caller=test&ts=${claim.ts}&nonce=${claim.nonce}`, authorization: `${PEER_AUTH_SCHEME} ${proveHandshake(KEY, claim)}` }
+}
 
 /** Records every method call; answers something a handler would send back as 200. */
 function spyAgent(calls: string[]): TransferAgent {
@@ -29,6 +39,7 @@ function spyAgent(calls: string[]): TransferAgent {
       if (prop === 'then') return undefined
       if (prop === 'agentId') return 'agent-spy'
       if (prop === 'attachment') return undefined
+      if (prop === 'peerAddress') return SPY_ADDRESS
       if (prop === 'events') return events
       return async () => {
         calls.push(String(prop))
@@ -44,7 +55,7 @@ t.test('every guarded agent route refuses a request without the token, in any ta
     fastify: recorder.module,
   })
   const calls: string[] = []
-  const app = buildAgentApp({ agent: spyAgent(calls), metrics: createAgentMetrics(), logger: pino({ level: 'silent' }), agentToken: TOKEN })
+  const app = buildAgentApp({ agent: spyAgent(calls), metrics: createAgentMetrics(), logger: pino({ level: 'silent' }), agentToken: TOKEN, peerKey: KEY })
   await app.listen({ host: '127.0.0.1', port: 0 })
   t.teardown(() => app.close())
   const { port } = app.server.address() as AddressInfo
@@ -61,9 +72,15 @@ t.test('every guarded agent route refuses a request without the token, in any ta
   let tried = 0
   for (const route of guarded) {
     const path = concretePath(route.url)
+    const proof = peerProof()
+    const peerPlane = route.url === '/v1/peer/handshake'
     const attempts = [
       ...targetVariants(path, origin).map((v) => ({ ...v, headers: {} as Record<string, string> })),
       { label: 'wrong token', target: path, headers: { authorization: 'Bearer wrong' } },
+      // The other plane's credential: a peer proof on the engine API, the token on the handshake.
+      peerPlane
+        ? { label: 'the agent token on the peer plane', target: `${path}${proof.query}`, headers: { authorization: `Bearer ${TOKEN}` } }
+        : { label: 'a peer proof on the engine API', target: `${path}${proof.query}`, headers: { authorization: proof.authorization } },
       { label: 'token without scheme', target: path, headers: { authorization: TOKEN } },
       { label: 'token in the query', target: `${path}?token=${TOKEN}`, headers: {} },
     ]
@@ -81,9 +98,13 @@ t.test('every guarded agent route refuses a request without the token, in any ta
   t.ok(tried > 100, `${tried} requests tried`)
   t.same(calls, [], 'no guarded call reached the agent')
 
-  // The token lets every route through to its handler (or its schema): the paths above are real.
+  // Each plane's credential lets its routes through to their handler (or schema): the paths above are real.
   for (const route of guarded.filter((r) => r.method !== 'HEAD')) {
-    const res = await rawRequest(port, route.method, concretePath(route.url), { authorization: `Bearer ${TOKEN}` })
+    const proof = peerProof()
+    const res =
+      route.url === '/v1/peer/handshake'
+        ? await rawRequest(port, route.method, `${concretePath(route.url)}${proof.query}`, { authorization: proof.authorization })
+        : await rawRequest(port, route.method, concretePath(route.url), { authorization: `Bearer ${TOKEN}` })
     const code = errorCode(res.body)
     t.not(code, 'XFA_ERR_UNAUTHORIZED', `${route.method} ${route.url} with the token passes the check`)
     t.not(code, 'XFA_ERR_NOT_FOUND', `${route.method} ${route.url} with the token is routed`)

@@ -9,6 +9,7 @@ import { DEFAULT_SAFETY_MS } from './deadline.js'
 import { EngineEvents } from './engine-events.js'
 import { xfaError } from './errors.js'
 import { createHandshake } from './handshake-client.js'
+import { peerKey } from './peer-proof.js'
 import { HeartbeatSender } from './heartbeat-sender.js'
 import { HeartbeatRegistry } from './heartbeats.js'
 import type { AgentMetrics } from './metrics.js'
@@ -55,7 +56,8 @@ export class TransferAgent {
     this.#leaseMs = config.leaseSeconds * 1000
     this.events = new EngineEvents({ clock })
     this.#heartbeats = new HeartbeatRegistry({ clock })
-    this.#handshake = createHandshake({ clock, timeoutMs: config.handshakeTimeoutMs, ...(config.agentToken ? { agentToken: config.agentToken } : {}) })
+    const key = agentPeerKey(config)
+    this.#handshake = createHandshake({ clock, timeoutMs: config.handshakeTimeoutMs, caller: this.agentId, ...(key ? { peerKey: key } : {}) })
     this.#peers = new PeerTable({
       clock,
       handshake: async (address, expected, signal) => {
@@ -127,6 +129,12 @@ export class TransferAgent {
         })
       : undefined
     if (config.unsafeSkipDeadlineChecks) log.warn('UNSAFE: lease deadline checks are OFF (test switch); stale KV will be decoded')
+  }
+
+  /** host:port that peers are told to dial (what a handshake proof must name). */
+  get peerAddress(): string {
+    const { host, port } = this.#d.peerAddress()
+    return `${host}:${port}`
   }
 
   get attachment(): Attachment | undefined {
@@ -351,4 +359,10 @@ export class TransferAgent {
     if (!leases) throw xfaError('XFA_ERR_NOT_ATTACHED', 'no engine has attached to this agent')
     return leases
   }
+}
+
+/** The peer plane's key: the peer secret, else the agent token (one secret for both planes). */
+export function agentPeerKey(config: Pick<AgentConfig, 'peerSecret' | 'agentToken'>): Buffer | undefined {
+  const secret = config.peerSecret ?? config.agentToken
+  return secret === undefined ? undefined : peerKey(secret)
 }

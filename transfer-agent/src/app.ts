@@ -13,8 +13,8 @@ import { probeRoutes } from './routes/probes.js'
 
 /**
  * The agent's HTTP surface, one listener composed of three plugins: the probes (health,
- * metrics; public), the engine's API (routes/engine.ts) and the peers' (routes/peers.ts), each
- * of those two in its own agent-token scope. Every body is checked against
+ * metrics; public), the engine's API (routes/engine.ts, in the agent-token scope) and the
+ * peers' (routes/peers.ts, the peer key's proofs). Every body is checked against
  * schemas/agent-api.ts and every failure answers `{error: {code, message}}`.
  */
 export interface AgentAppDeps {
@@ -22,6 +22,10 @@ export interface AgentAppDeps {
   metrics: AgentMetrics
   logger: Logger
   agentToken?: string
+  /** The peer plane's key (peer-proof.ts peerKey); unset: the handshake is open. */
+  peerKey?: Buffer
+  /** Wall-clock ms, for the peer proofs' time window (default Date.now). */
+  now?: () => number
   /** Upper bound of an events long poll, ms. */
   maxPollMs?: number
 }
@@ -54,14 +58,14 @@ export function buildAgentApp(deps: AgentAppDeps): FastifyInstance {
     return reply.code(404).send({ error: { code: e.code, message: e.message } })
   })
 
-  // Probes are the only public routes. Every other route lives in a scope that checks the
-  // token in its own onRequest hook, which runs after routing and so guards exactly the
+  // Probes are the only public routes. Every other route lives in a scope that checks its
+  // credential in its own onRequest hook, which runs after routing and so guards exactly the
   // routes of that scope whatever the request target looked like (issue 18: a prefix test on
   // request.url missed absolute-form and percent-encoded targets that the router matches).
   const check = bearerChecker(deps.agentToken !== undefined ? [deps.agentToken] : [])
   void app.register(probeRoutes, { agent, metrics })
   void app.register(guarded(engineRoutes, check), { agent, maxPollMs })
-  void app.register(guarded(peerRoutes, check), { agent })
+  void app.register(peerRoutes, { agent, now: deps.now ?? Date.now, ownAddress: () => agent.peerAddress, ...(deps.peerKey ? { peerKey: deps.peerKey } : {}) })
 
   app.addHook('preClose', async () => {
     await agent.close()

@@ -4,8 +4,8 @@ import { AgentConfig } from '../../schemas/agent-config.js'
 import { xfaError } from './errors.js'
 
 /*
- * `handoff agent` flags → a validated, frozen AgentConfig. Environment: HANDOFF_AGENT_TOKEN
- * (so the token stays out of `ps`) and NIXL_LIB_DIR, each overridden by its flag. The test
+ * `handoff agent` flags → a validated, frozen AgentConfig. Environment: HANDOFF_AGENT_TOKEN and
+ * HANDOFF_PEER_SECRET (so secrets stay out of `ps`) and NIXL_LIB_DIR, each overridden by its flag. The test
  * switch `--unsafe-skip-deadline-checks` is refused unless HANDOFF_ALLOW_UNSAFE=1 is set too,
  * so no production command line can turn the lease checks off by accident.
  */
@@ -38,6 +38,7 @@ export function parseAgentArgs(argv: readonly string[], env: NodeJS.ProcessEnv =
     throw xfaError('XFA_ERR_INVALID_ARG', '--unsafe-skip-deadline-checks is a test switch: it needs HANDOFF_ALLOW_UNSAFE=1')
   }
   if (raw.agentToken === undefined && env.HANDOFF_AGENT_TOKEN) raw.agentToken = env.HANDOFF_AGENT_TOKEN
+  if (raw.peerSecret === undefined && env.HANDOFF_PEER_SECRET) raw.peerSecret = env.HANDOFF_PEER_SECRET
   if (raw.nixlLibDir === undefined && env.NIXL_LIB_DIR) raw.nixlLibDir = env.NIXL_LIB_DIR
   return validateAgentConfig(raw)
 }

@@ -1,8 +1,10 @@
+import { randomBytes } from 'node:crypto'
 import { Agent, request } from 'undici'
 import type { Clock } from '../../common/clock.js'
 import { createAjv, describeErrors } from '../../schemas/ajv.js'
 import type { PeerHandshake } from '../../schemas/agent-api.js'
 import { betterSample, clockSample, type ClockSample } from './deadline.js'
+import { ANSWER_PROOF_HEADER, answerProof, PEER_AUTH_SCHEME, proveHandshake, sameProof } from './peer-proof.js'
 import type { Handshake, HandshakeResult } from './peers.js'
 
 /**
@@ -13,12 +15,17 @@ import type { Handshake, HandshakeResult } from './peers.js'
  * lowest round trip, as vLLM keeps the best of its handshakes): one slow round trip (a GC
  * pause, a busy peer) would otherwise widen every margin, or break the deadline proof, for as
  * long as the handshake is cached. The engine_id check against `remote_engine_id` is the peer
- * table's; every sample must come from the same NIXL agent.
+ * table's; every sample must come from the same NIXL agent. With a peer key, every request
+ * carries a proof for the address dialled and every answer must carry one over its body
+ * (peer-proof.ts); no bearer token is ever sent to a peer.
  */
 export interface HandshakeClientOptions {
   clock: Clock
   timeoutMs: number
-  agentToken?: string
+  /** The peer key (peer-proof.ts peerKey); unset: peers are not authenticated. */
+  peerKey?: Buffer
+  /** This agent's id, named in every proof. */
+  caller: string
   /** Clock samples per handshake (default 3). */
   samples?: number
 }
@@ -30,17 +37,25 @@ export function createHandshake(opts: HandshakeClientOptions): { handshake: Hand
   const samples = opts.samples ?? 3
   if (!(Number.isInteger(samples) && samples >= 1)) throw new RangeError(`handshake samples must be a positive integer, got ${samples}`)
   const once = async (address: string, expectedEngineId: string, signal: AbortSignal): Promise<{ body: PeerHandshake; clock: ClockSample }> => {
+    const url = new URL(`http://${urlHost(address)}/v1/peer/handshake`)
+    url.searchParams.set('engine_id', expectedEngineId)
+    const nonce = randomBytes(16).toString('hex')
+    const headers: Record<string, string> = {}
+    if (opts.peerKey) {
+      const ts = Math.round(opts.clock.now())
+      url.searchParams.set('caller', opts.caller)
+      url.searchParams.set('ts', String(ts))
+      url.searchParams.set('nonce', nonce)
+      headers.authorization = `${PEER_AUTH_SCHEME} ${proveHandshake(opts.peerKey, { callee: expectedEngineId, address, caller: opts.caller, ts, nonce })}`
+    }
     const sentAt = opts.clock.monotonic()
-    const res = await request(`http://${address}/v1/peer/handshake?engine_id=${encodeURIComponent(expectedEngineId)}`, {
-      dispatcher,
-      signal,
-      headersTimeout: opts.timeoutMs,
-      bodyTimeout: opts.timeoutMs,
-      headers: opts.agentToken ? { authorization: `Bearer ${opts.agentToken}` } : {},
-    })
+    const res = await request(url, { dispatcher, signal, headersTimeout: opts.timeoutMs, bodyTimeout: opts.timeoutMs, headers })
     const receivedAt = opts.clock.monotonic()
     const text = await res.body.text()
     if (res.statusCode !== 200) throw new Error(`${address} answered ${res.statusCode}: ${text.slice(0, 300)}`)
+    if (opts.peerKey && !sameProof(answerProof(opts.peerKey, nonce, text), headerValue(res.headers[ANSWER_PROOF_HEADER]))) {
+      throw new Error(`${address} answered without a valid peer proof: it does not hold this agent's peer secret`)
+    }
     let body: PeerHandshake
     try {
       body = JSON.parse(text) as PeerHandshake
@@ -71,4 +86,15 @@ export function createHandshake(opts: HandshakeClientOptions): { handshake: Hand
     return result
   }
   return { handshake, close: () => dispatcher.close() }
+}
+
+/** host:port for a URL: an IPv6 literal goes in brackets. */
+function urlHost(address: string): string {
+  const i = address.lastIndexOf(':')
+  const host = address.slice(0, i)
+  return host.includes(':') && !host.startsWith('[') ? `[${host}]:${address.slice(i + 1)}` : address
+}
+
+function headerValue(v: string | string[] | undefined): string | undefined {
+  return Array.isArray(v) ? v[0] : v
 }

@@ -5,7 +5,7 @@ import { loggerOptions } from '../../common/logger.js'
 import { systemRandom } from '../../common/random.js'
 import { announceReady } from '../../common/ready.js'
 import { loadNixl } from '../../native/index.js'
-import { TransferAgent } from './agent.js'
+import { agentPeerKey, TransferAgent } from './agent.js'
 import { buildAgentApp } from './app.js'
 import { agentUsage, parseAgentArgs } from './config.js'
 import { xfaError } from './errors.js'
@@ -39,7 +39,8 @@ export async function main(argv: string[]): Promise<void> {
   const metrics = createAgentMetrics()
   let address = { host: config.advertiseHost ?? config.host, port: config.port }
   const agent = new TransferAgent({ config, clock: systemClock, random: systemRandom, log, metrics, peerAddress: () => address })
-  const app = buildAgentApp({ agent, metrics, logger: log, ...(config.agentToken ? { agentToken: config.agentToken } : {}) })
+  const key = agentPeerKey(config)
+  const app = buildAgentApp({ agent, metrics, logger: log, ...(config.agentToken ? { agentToken: config.agentToken } : {}), ...(key ? { peerKey: key } : {}) })
   const url = await app.listen({ host: config.host, port: config.port })
   const port = (app.server.address() as { port: number }).port
   address = { host: config.advertiseHost ?? config.host, port }

@@ -1,12 +1,13 @@
 import type { FastifyPluginAsync } from 'fastify'
-import type { AgentAttach, LeaseRequest, PullExpected, PullRequest } from '../../../schemas/agent-api.js'
+import type { AgentAttach, LeaseRequest, PeerGoneRequest, PullExpected, PullRequest } from '../../../schemas/agent-api.js'
 import type { TransferAgent } from '../agent.js'
 import { xfaError } from '../errors.js'
 import { isPullFailure } from '../pulls.js'
 
 /**
  * The engine's API (docs/transfer-agent.md "API"): attach, leases, pulls, the events long
- * poll and status. Registered inside the agent-token scope (app.ts), never on its own.
+ * poll and status, and peer_gone for ops. Registered inside the agent-token scope (app.ts),
+ * never on its own.
  */
 export interface EngineRoutesOptions {
   agent: TransferAgent
@@ -19,6 +20,11 @@ const digits = { type: 'string', pattern: '^[0-9]{1,15}$' }
 
 export const engineRoutes: FastifyPluginAsync<EngineRoutesOptions> = async (app, { agent, maxPollMs }) => {
   app.get('/v1/status', async () => agent.status())
+
+  app.post<{ Body: PeerGoneRequest }>('/v1/peers/gone', { schema: { body: { $ref: 'PeerGoneRequest#' } } }, async (request, reply) => {
+    await agent.peerGone(request.body)
+    return reply.code(200).send({ applied: true })
+  })
 
   app.post<{ Body: AgentAttach }>('/v1/engine/attach', { schema: { body: { $ref: 'AgentAttach#' } } }, async (request) => agent.attach(request.body))
 

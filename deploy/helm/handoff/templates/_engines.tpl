@@ -59,6 +59,12 @@ Only equality terms of the selector (k=v, k==v) are checked.
 {{- if and $root.Values.engines.agent.enabled (not $root.Values.secrets.agentToken) (not $root.Values.secrets.existingSecret) }}
 {{- fail "engines.agent.enabled needs secrets.agentToken: the agent listens on the pod IP, so its API and the router's agent endpoints need the token" }}
 {{- end }}
+{{- if and $root.Values.engines.agent.enabled (not $root.Values.secrets.existingSecret) (lt (len $root.Values.secrets.peerSecret) 16) }}
+{{- fail "engines.agent.enabled needs secrets.peerSecret (at least 16 characters, not the agent token): agents prove it to each other in every handshake, so a leaked agent token does not open other agents' KV metadata" }}
+{{- end }}
+{{- if and $root.Values.secrets.peerSecret (eq $root.Values.secrets.peerSecret $root.Values.secrets.agentToken) }}
+{{- fail "secrets.peerSecret must differ from secrets.agentToken: one leaked secret must not open both the router's agent endpoints and the agents' handshakes" }}
+{{- end }}
 {{- end }}
 
 {{/* Labels of engine objects; context: dict "root" $ "role" "prefill" (role "drain" for the ConfigMap). */}}

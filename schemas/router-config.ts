@@ -55,6 +55,12 @@ export const RouterConfig = Type.Object(
   {
     host: Type.String({ default: '127.0.0.1' }),
     port: Type.Integer({ minimum: 0, maximum: 65535, default: 8000 }),
+    // The operations plane (/admin, /fault_tolerance, /topology, /leases) on a port of its own,
+    // on `host`; set, those routes do not exist on `port` (a NetworkPolicy can then keep
+    // clients off them). Unset: everything on `port`. Probes answer on every port.
+    adminPort: Type.Optional(Type.Integer({ minimum: 0, maximum: 65535 })),
+    // The agent plane (/v1/agents…) on a port of its own, likewise.
+    agentPort: Type.Optional(Type.Integer({ minimum: 0, maximum: 65535 })),
     logLevel: Type.Union(
       [
         Type.Literal('fatal'),
@@ -137,6 +143,9 @@ export const RouterConfig = Type.Object(
     apiKeys: Type.Array(Type.String({ minLength: 8 }), { default: [] }),
     // Guards /fault_tolerance/* and /admin/*; without it those endpoints answer 403.
     adminToken: Type.Optional(Type.String({ minLength: 8 })),
+    // Drain-only credentials (engines' preStop hooks): POST /admin/instances/:id/drain and
+    // nothing else of the operations plane. HANDOFF_DRAIN_TOKEN.
+    drainTokens: Type.Array(Type.String({ minLength: 8 }), { default: [] }),
     // Agents present it on registration, event streams and acks; without it they are open.
     agentToken: Type.Optional(Type.String({ minLength: 8 })),
     // A circuit breaker per (prefiller, decoder) pair, fed by the decode leg's 5xx after a

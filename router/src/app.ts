@@ -1,4 +1,5 @@
 import { randomUUID } from 'node:crypto'
+import type { Server } from 'node:http'
 import Fastify, { type FastifyBaseLogger, type FastifyError, type FastifyInstance } from 'fastify'
 import { Agent, request, type Dispatcher } from 'undici'
 import { systemClock, type Clock } from '../../common/clock.js'
@@ -11,8 +12,6 @@ import type { RouterConfig } from '../../schemas/router-config.js'
 import {
   errorBody,
   isRouterError,
-  RTR_ERR_ADMIN_DISABLED,
-  RTR_ERR_ADMIN_UNAUTHORIZED,
   RTR_ERR_BODY_TOO_LARGE,
   RTR_ERR_INTERNAL,
   RTR_ERR_INVALID_JSON,
@@ -20,7 +19,6 @@ import {
   RTR_ERR_ROUTE_NOT_FOUND,
   RTR_ERR_SHUTTING_DOWN,
   RTR_ERR_STORE_UNAVAILABLE,
-  RTR_ERR_UNAUTHORIZED,
   RTR_ERR_UNSUPPORTED_MEDIA_TYPE,
   type CodedError,
   type RouterErrorCode,
@@ -32,7 +30,6 @@ import { RouterEvents } from './events/router-events.js'
 import { isStoreError, openRouterStore, type RouterStore } from './store/router-store.js'
 import type { LeaseEndReason, LeaseLedger, LeaseRecord } from './leases/ledger.js'
 import { createRouterMetrics } from './metrics.js'
-import { bearerChecker } from '../../common/bearer.js'
 import { CompletionProxy } from './proxy/proxy.js'
 import { Upstream } from './proxy/upstream.js'
 import { adminRoutes } from './routes/admin.js'
@@ -48,6 +45,7 @@ import { Prober, type HttpGet } from './topology/prober.js'
 import { Drainer } from './topology/drainer.js'
 import { TopologyRegistry } from './topology/registry.js'
 import { startDiscovery, type Discovery } from './discovery/index.js'
+import { agentPlane, dataPlane, listenPlanes, operationsPlane } from './planes.js'
 
 export interface RouterDeps {
   config: RouterConfig
@@ -255,7 +253,9 @@ export async function buildApp(deps: RouterDeps): Promise<FastifyInstance> {
   let closing = false
   let activeResponses = 0
   const closeConnectionsIfDrained = (): void => {
-    if (closing && activeResponses === 0) app.server.closeAllConnections()
+    if (!closing || activeResponses > 0) return
+    app.server.closeAllConnections()
+    for (const s of app.planeServers) s.closeAllConnections()
   }
   app.addHook('preClose', async () => {
     closing = true
@@ -329,7 +329,7 @@ export async function buildApp(deps: RouterDeps): Promise<FastifyInstance> {
     events.close()
     drainer.close()
     admission.close()
-    await Promise.all([dispatcher.close(), probes.close(), engineNotifier.close()])
+    await Promise.all([dispatcher.close(), probes.close(), engineNotifier.close(), ...app.planeServers.map((p) => new Promise((resolve) => p.close(resolve)))])
     await store.close()
   })
 
@@ -351,6 +351,7 @@ export async function buildApp(deps: RouterDeps): Promise<FastifyInstance> {
     return reply.code(404).send(errorBody(err))
   })
 
+  // Probes: public, on every listener.
   await app.register(healthRoutes, { registry, isClosing: () => closing, store: () => ({ kind: store.kind, routerId: store.routerId, ...store.state }) })
   await app.register(metricsRoutes, {
     registry: metrics.registry,
@@ -362,48 +363,44 @@ export async function buildApp(deps: RouterDeps): Promise<FastifyInstance> {
       metrics.agentStreamUnsent.set(agentStreams.unsent())
     },
   })
-  // Data plane: optional API keys guard every /v1 route.
-  await app.register(async (v1) => {
-    const check = bearerChecker(config.apiKeys)
-    if (check) {
-      v1.addHook('onRequest', async (req) => {
-        if (!check(req)) throw new RTR_ERR_UNAUTHORIZED()
-      })
-    }
+  // The planes (planes.ts), each with its listener and credential checked in its own scope.
+  await app.register(dataPlane(config, async (v1) => {
     await v1.register(modelRoutes, { registry, startedAt: clock.now() })
     await v1.register(completionRoutes, { proxy })
-  })
-
-  // Agents: registration, event streams, acks (the agent token, when set).
+  }, {}))
   // Writes the other routers must see are refused while the store cannot take them.
   const storeWritable = async (req: { method: string }): Promise<void> => {
     const state = store.state
     if (req.method !== 'GET' && state.state !== 'ok') throw storeUnavailable(state.error ?? `unreachable since ${new Date(state.since).toISOString()}`)
   }
-  await app.register(agentStreamRoutes, {
-    events,
-    ...(shared ? { presence: shared } : {}),
-    beforeRegister: storeWritable,
-    onStreams: (streams) => (agentStreams = streams),
-    credentials: config.agentToken ? [config.agentToken] : config.apiKeys,
-    keepAliveMs: config.events.keepAliveMs,
-    streamBufferBytes: config.events.streamBufferBytes,
-    onCut: (reason) => metrics.agentStreamsCut.inc({ reason }),
-    drainMs: Math.min(config.shutdownGraceMs, 5000),
-  })
-  // Control plane: the admin token, always; without one configured the endpoints are off.
-  await app.register(async (admin) => {
-    const check = bearerChecker(config.adminToken ? [config.adminToken] : [])
-    admin.addHook('onRequest', async (req) => {
-      if (!check) throw new RTR_ERR_ADMIN_DISABLED()
-      if (!check(req)) throw new RTR_ERR_ADMIN_UNAUTHORIZED()
-      await storeWritable(req)
-    })
-    await admin.register(faultToleranceRoutes, { events })
-    await admin.register(topologyRoutes, { registry, events, pairing: config.pairing, pairs })
-    await admin.register(adminRoutes, { registry, drainer, ledger, clock, probe: (id) => prober.probe(id) })
-  })
+  await app.register(
+    agentPlane(config, agentStreamRoutes, {
+      events,
+      ...(shared ? { presence: shared } : {}),
+      beforeRegister: storeWritable,
+      onStreams: (streams) => (agentStreams = streams),
+      credentials: config.agentToken ? [config.agentToken] : config.apiKeys,
+      keepAliveMs: config.events.keepAliveMs,
+      streamBufferBytes: config.events.streamBufferBytes,
+      onCut: (reason) => metrics.agentStreamsCut.inc({ reason }),
+      drainMs: Math.min(config.shutdownGraceMs, 5000),
+    }),
+  )
+  await app.register(
+    operationsPlane(
+      config,
+      async (ops) => {
+        await ops.register(faultToleranceRoutes, { events })
+        await ops.register(topologyRoutes, { registry, events, pairing: config.pairing, pairs })
+        await ops.register(adminRoutes, { registry, drainer, ledger, clock, probe: (id) => prober.probe(id) })
+      },
+      {},
+      storeWritable,
+    ),
+  )
 
+  app.decorate('planeServers', [] as Server[])
+  app.decorate('listenPlanes', () => listenPlanes(app, config))
   app.decorate('topology', registry)
   app.decorate('routerStore', store)
   app.decorate('events', events)

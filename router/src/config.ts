@@ -8,13 +8,13 @@ import { RTR_ERR_CONFIG } from './errors.js'
  * defaults. The result is validated against RouterConfig and deep-frozen.
  *
  * Env: HANDOFF_HOST, HANDOFF_PORT, HANDOFF_LOG_LEVEL, HANDOFF_API_KEYS (comma-separated),
- * HANDOFF_ADMIN_TOKEN, HANDOFF_AGENT_TOKEN, HANDOFF_UPSTREAM_API_KEY, HANDOFF_INSTANCES (JSON array),
+ * HANDOFF_ADMIN_TOKEN, HANDOFF_DRAIN_TOKEN, HANDOFF_AGENT_TOKEN, HANDOFF_UPSTREAM_API_KEY, HANDOFF_INSTANCES (JSON array),
  * HANDOFF_STORE (`memory` or a redis:// URL), HANDOFF_LEASE_SECONDS (leases.leaseSeconds).
  */
 export interface ConfigSources {
   file?: string
   env?: NodeJS.ProcessEnv
-  overrides?: Partial<Pick<RouterConfig, 'host' | 'port' | 'logLevel'>> & { store?: string; leaseSeconds?: number }
+  overrides?: Partial<Pick<RouterConfig, 'host' | 'port' | 'adminPort' | 'agentPort' | 'logLevel'>> & { store?: string; leaseSeconds?: number }
 }
 
 function readFile(file: string): Record<string, unknown> {
@@ -48,6 +48,7 @@ function fromEnv(env: NodeJS.ProcessEnv): Record<string, unknown> {
   if (env.HANDOFF_LOG_LEVEL) out.logLevel = env.HANDOFF_LOG_LEVEL
   if (env.HANDOFF_API_KEYS) out.apiKeys = env.HANDOFF_API_KEYS.split(',').map((k) => k.trim()).filter(Boolean)
   if (env.HANDOFF_ADMIN_TOKEN) out.adminToken = env.HANDOFF_ADMIN_TOKEN
+  if (env.HANDOFF_DRAIN_TOKEN) out.drainTokens = [env.HANDOFF_DRAIN_TOKEN]
   if (env.HANDOFF_AGENT_TOKEN) out.agentToken = env.HANDOFF_AGENT_TOKEN
   if (env.HANDOFF_UPSTREAM_API_KEY) out.upstreamApiKey = env.HANDOFF_UPSTREAM_API_KEY
   if (env.HANDOFF_STORE) out.store = storeFrom(env.HANDOFF_STORE)
@@ -110,6 +111,17 @@ export function loadConfig(sources: ConfigSources = {}): RouterConfig {
     throw new RTR_ERR_CONFIG(
       `the router listens on ${config.host}, beyond loopback, without an agent token: anyone reaching it could register agents and read their event streams. Set agentToken (HANDOFF_AGENT_TOKEN, the same on every agent's --agent-token), or listen on 127.0.0.1`,
     )
+  }
+  // Plane ports come from the file or flags only: a Service named `<release>-admin` injects
+  // HANDOFF_ADMIN_PORT=tcp://… into pods, so no plane port is read from the environment.
+  for (const key of ['adminPort', 'agentPort'] as const) {
+    const p = config[key]
+    if (p === undefined || p === 0) continue
+    const clash = p === config.port ? 'port' : key === 'agentPort' && p === config.adminPort ? 'adminPort' : undefined
+    if (clash) throw new RTR_ERR_CONFIG(`${key} (${p}) must differ from ${clash}: a plane on its own port is one no other plane answers on`)
+  }
+  if (config.drainTokens.some((d) => d === config.adminToken || d === config.agentToken)) {
+    throw new RTR_ERR_CONFIG('a drain token must differ from the admin and agent tokens: engines hold it')
   }
   if (config.store.kind === 'redis' && config.store.url === undefined) {
     throw new RTR_ERR_CONFIG('store.kind redis needs store.url (redis://host:port)')

@@ -2,6 +2,7 @@ import type { FastifyPluginAsync } from 'fastify'
 import type { Clock } from '../../../common/clock.js'
 import type { InstanceConfig } from '../../../schemas/router-config.js'
 import { RTR_ERR_INSTANCE_EXISTS } from '../errors.js'
+import { DRAIN_ROUTE } from '../planes.js'
 import type { LeaseLedger } from '../leases/ledger.js'
 import type { Drainer } from '../topology/drainer.js'
 import type { TopologyRegistry } from '../topology/registry.js'
@@ -123,6 +124,8 @@ export const adminRoutes: FastifyPluginAsync<AdminRoutesOptions> = async (app, o
   app.post<{ Params: { id: string }; Body: { wait?: boolean; timeoutMs?: number } }>(
     '/admin/instances/:id/drain',
     {
+      // The one route engines' drain token opens (planes.ts).
+      config: DRAIN_ROUTE,
       // `curl -X POST …/drain` sends no body at all: that is `{}`.
       preValidation: async (req) => {
         req.body ??= {}

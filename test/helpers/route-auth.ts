@@ -1,5 +1,8 @@
 import { connect } from 'node:net'
 import Fastify, { type FastifyInstance } from 'fastify'
+import pino from 'pino'
+import { loadConfig } from '../../router/src/config.js'
+import type { RouterConfig } from '../../schemas/router-config.js'
 
 /*
  * Route-table auth tests (issue 18 item 1): collect every route an app registers, then try
@@ -27,6 +30,26 @@ export function routeRecorder(): { routes: RouteEntry[]; module: { default: type
     return app
   }) as unknown as typeof Fastify
   return { routes, module: { default: factory } }
+}
+
+interface MockImporter {
+  mockImport<T>(module: string, mocks: Record<string, unknown>): Promise<T>
+}
+
+/**
+ * A router built with the route recorder (not listening; no probes): one decoder at an
+ * address nothing answers, and `config` over the defaults.
+ */
+export async function recordedRouter(t: MockImporter, config: Partial<RouterConfig>): Promise<{ app: FastifyInstance; routes: RouteEntry[] }> {
+  const recorder = routeRecorder()
+  const { buildApp } = await t.mockImport<typeof import('../../router/src/app.js')>(new URL('../../router/src/app.ts', import.meta.url).href, { fastify: recorder.module })
+  const full = {
+    ...loadConfig({ overrides: { port: 0, logLevel: 'warn' } }),
+    instances: [{ id: 'd0', role: 'decode', url: 'http://127.0.0.1:9' }],
+    ...config,
+  } as RouterConfig
+  const app = await buildApp({ config: full, logger: pino({ level: 'silent' }), probe: false })
+  return { app, routes: recorder.routes }
 }
 
 /** A concrete path for a route: every parameter and wildcard filled in. */

@@ -1,9 +1,8 @@
-import pino from 'pino'
 import t, { type Test } from 'tap'
 import type { AddressInfo } from 'node:net'
 import { loadConfig } from '../../router/src/config.js'
 import type { RouterConfig } from '../../schemas/router-config.js'
-import { concretePath, errorCode, rawRequest, routeRecorder } from '../helpers/route-auth.js'
+import { concretePath, errorCode, rawRequest, recordedRouter } from '../helpers/route-auth.js'
 
 /*
  * Issue 18 §4–5: the router's planes. Engines' preStop hooks get a drain-only credential
@@ -30,21 +29,12 @@ const CREDENTIAL: Record<Plane, Record<string, string>> = {
 }
 
 async function router(t: Test, extra: Partial<RouterConfig>) {
-  const recorder = routeRecorder()
-  const { buildApp } = await t.mockImport<typeof import('../../router/src/app.js')>('../../router/src/app.js', { fastify: recorder.module })
-  const config = {
-    ...loadConfig({ overrides: { port: 0, logLevel: 'warn' } }),
-    instances: [{ id: 'd0', role: 'decode', url: 'http://127.0.0.1:9' }],
-    adminToken: ADMIN,
-    agentToken: AGENT,
-    ...extra,
-  } as RouterConfig
-  const app = await buildApp({ config, logger: pino({ level: 'silent' }), probe: false })
+  const { app, routes } = await recordedRouter(t, { adminToken: ADMIN, agentToken: AGENT, ...extra })
   await app.listen({ host: '127.0.0.1', port: 0 })
   const planes = await app.listenPlanes()
   t.teardown(() => app.close())
   const port = (app.server.address() as AddressInfo).port
-  return { app, routes: recorder.routes, port, planes }
+  return { app, routes, port, planes }
 }
 
 t.test('a drain token drains, and opens nothing else', async (t) => {

@@ -1,9 +1,6 @@
-import pino from 'pino'
 import t from 'tap'
 import type { AddressInfo } from 'node:net'
-import { loadConfig } from '../../router/src/config.js'
-import type { RouterConfig } from '../../schemas/router-config.js'
-import { concretePath, errorCode, rawRequest, routeRecorder, targetVariants } from '../helpers/route-auth.js'
+import { concretePath, errorCode, rawRequest, recordedRouter, targetVariants } from '../helpers/route-auth.js'
 
 /*
  * Issue 18 item 1, the router's side: with the admin token, the agent token and API keys all
@@ -25,27 +22,18 @@ const REFUSAL: Record<Plane, string> = { admin: 'RTR_ERR_ADMIN_UNAUTHORIZED', ag
 const planeOf = (url: string): Plane => (url === '/v1/agents' || url.startsWith('/v1/agents/') ? 'agents' : url.startsWith('/v1/') ? 'data' : 'admin')
 
 t.test('every guarded router route needs its own plane’s credential, in any target form', async (t) => {
-  const recorder = routeRecorder()
-  const { buildApp } = await t.mockImport<typeof import('../../router/src/app.js')>('../../router/src/app.js', { fastify: recorder.module })
-  const config = {
-    ...loadConfig({ overrides: { port: 0, logLevel: 'warn' } }),
-    instances: [{ id: 'd0', role: 'decode', url: 'http://127.0.0.1:9' }],
-    adminToken: ADMIN,
-    agentToken: AGENT,
-    apiKeys: [API_KEY],
-  } as RouterConfig
-  const app = await buildApp({ config, logger: pino({ level: 'silent' }), probe: false })
+  const { app, routes } = await recordedRouter(t, { adminToken: ADMIN, agentToken: AGENT, apiKeys: [API_KEY] })
   await app.listen({ host: '127.0.0.1', port: 0 })
   t.teardown(() => app.close())
   const { port } = app.server.address() as AddressInfo
   const origin = `http://127.0.0.1:${port}`
   const before = JSON.stringify(app.topology.snapshot().instances.map((i) => [i.id, i.draining]))
 
-  const urls = new Set(recorder.routes.map((r) => r.url))
+  const urls = new Set(routes.map((r) => r.url))
   for (const u of [...PUBLIC, '/v1/models', '/v1/completions', '/v1/chat/completions', '/v1/agents', '/v1/agents/:agentId/events', '/admin/instances', '/topology', '/leases', '/fault_tolerance/event']) {
     t.ok(urls.has(u), `route table has ${u}`)
   }
-  const guarded = recorder.routes.filter((r) => !PUBLIC.has(r.url))
+  const guarded = routes.filter((r) => !PUBLIC.has(r.url))
 
   let tried = 0
   for (const route of guarded) {

@@ -19,7 +19,8 @@ const chart = join(root, 'deploy/helm/handoff')
 const examples = join(root, 'deploy/examples')
 const run = promisify(execFile)
 const ADMIN_TOKEN = 'admin-token-for-tests'
-const ADMIN = ['--set', `secrets.adminToken=${ADMIN_TOKEN}`, '--set', 'secrets.agentToken=agent-token-for-tests']
+const DRAIN_TOKEN = 'drain-token-for-tests'
+const ADMIN = ['--set', `secrets.adminToken=${ADMIN_TOKEN}`, '--set', 'secrets.agentToken=agent-token-for-tests', '--set', `secrets.drainToken=${DRAIN_TOKEN}`]
 const ENGINES = [...ADMIN, '--set', 'engines.prefill.enabled=true', '--set', 'engines.decode.enabled=true']
 const AGENT = ['--set', 'engines.agent.enabled=true', '--set', 'secrets.agentToken=agent-token-for-tests', '--set', 'secrets.peerSecret=peer-secret-for-tests']
 
@@ -40,14 +41,31 @@ interface PodTemplate {
     terminationGracePeriodSeconds: number
     containers: Container[]
     initContainers?: Container[]
-    volumes?: { name: string; projected?: { sources: { configMap?: { name: string }; secret?: { name: string } }[] } }[]
+    volumes?: { name: string; projected?: { sources: { configMap?: { name: string }; secret?: { name: string; items?: { key: string; path: string }[] } }[] } }[]
   }
+}
+interface PolicyPeer {
+  podSelector?: { matchLabels?: Record<string, string> }
+  namespaceSelector?: { matchLabels?: Record<string, string> }
 }
 interface K8sObject {
   kind: string
   metadata: { name: string }
   data?: Record<string, string>
-  spec?: { template: PodTemplate }
+  spec?: {
+    template: PodTemplate
+    podSelector?: { matchLabels?: Record<string, string> }
+    ingress?: { ports?: { port: string | number }[]; from?: PolicyPeer[] }[]
+  }
+}
+
+/** Whether a pod with `labels` in namespace `ns` is one of `peers`. */
+function admits(peers: PolicyPeer[] | undefined, labels: Record<string, string>, ns: string): boolean {
+  return (peers ?? []).some(
+    (p) =>
+      Object.entries(p.podSelector?.matchLabels ?? {}).every(([k, v]) => labels[k] === v) &&
+      Object.entries(p.namespaceSelector?.matchLabels ?? {}).every(([k, v]) => k === 'kubernetes.io/metadata.name' && v === ns),
+  )
 }
 
 async function applyDryRun(kube: LocalKube, ns: string, file: string): Promise<K8sObject[]> {
@@ -103,6 +121,9 @@ t.test('engine pods in the Helm chart and the examples, against a real API serve
         'Deployment/r-handoff',
         'Deployment/r-handoff-decode',
         'Deployment/r-handoff-prefill',
+        'NetworkPolicy/r-handoff',
+        'NetworkPolicy/r-handoff-decode-ingress',
+        'NetworkPolicy/r-handoff-prefill-ingress',
         'PodDisruptionBudget/r-handoff',
         'Role/r-handoff-discovery',
         'RoleBinding/r-handoff-discovery',
@@ -132,7 +153,8 @@ t.test('engine pods in the Helm chart and the examples, against a real API serve
       )
       const cmd = preStop(vllm)
       t.same(cmd.slice(0, 2), ['python3', '/etc/handoff-drain/prestop-drain.py'], `${role}: the preStop runs the drain script`)
-      t.equal(flag(cmd, '--router-url'), `http://r-handoff-admin.${ns}.svc:8000`, `${role}: through the -admin Service`)
+      t.equal(flag(cmd, '--router-url'), `http://r-handoff-admin.${ns}.svc:8001`, `${role}: through the -admin Service, on the operations port`)
+      t.equal(flag(cmd, '--token-file'), '/etc/handoff-drain/drain-token', `${role}: with the drain token, not the admin token`)
       t.equal(flag(cmd, '--deadline-seconds'), String(tpl.spec.terminationGracePeriodSeconds - 10), `${role}: deadline = grace period - margin`)
       t.same(
         (vllm?.env ?? []).filter((e) => e.name.startsWith('POD_')).map((e) => [e.name, e.valueFrom?.fieldRef?.fieldPath]),
@@ -146,14 +168,32 @@ t.test('engine pods in the Helm chart and the examples, against a real API serve
       t.same(
         sources.map((s) => s.configMap?.name ?? s.secret?.name),
         ['r-handoff-prestop', 'r-handoff'],
-        `${role}: the script and the admin token mounted`,
+        `${role}: the script and the drain token mounted`,
       )
       const agent = tpl.spec.initContainers?.find((c) => c.name === 'transfer-agent')
       t.match(agent, { restartPolicy: 'Always', command: ['node', 'dist/cli/main.js', 'agent'] }, `${role}: the agent as a native sidecar`)
-      t.equal(flag(agent?.command ?? [], '--router-url'), `http://r-handoff-admin.${ns}.svc:8000`, `${role}: the agent follows the router`)
+      t.equal(flag(agent?.command ?? [], '--router-url'), `http://r-handoff-admin.${ns}.svc:8002`, `${role}: the agent follows the router on the agent port`)
+      t.same(
+        sources.flatMap((s) => s.secret?.items?.map((i) => i.key) ?? []),
+        ['drain-token'],
+        `${role}: no admin token in the engine pod`,
+      )
       t.match(agent?.env?.find((e) => e.name === 'HANDOFF_AGENT_TOKEN'), { valueFrom: { secretKeyRef: { name: 'r-handoff', key: 'agent-token' } } })
       // Agents prove a secret of their own to each other (issue 18 §2), not the agent token.
       t.match(agent?.env?.find((e) => e.name === 'HANDOFF_PEER_SECRET'), { valueFrom: { secretKeyRef: { name: 'r-handoff', key: 'peer-secret' } } })
+      // NetworkPolicies (issue 18 §4): this engine pod reaches the routers' operations and agent
+      // ports; other engine pods and the routers reach it; clients reach only the data port.
+      const routerPolicy = items.find((i) => i.kind === 'NetworkPolicy' && i.metadata.name === 'r-handoff')?.spec
+      const byPort = (port: string) => routerPolicy?.ingress?.find((r) => r.ports?.some((p) => p.port === port))
+      t.ok(admits(byPort('admin')?.from, tpl.metadata.labels, ns) && admits(byPort('agent')?.from, tpl.metadata.labels, ns), `${role}: may reach the routers' admin and agent ports`)
+      t.notOk(admits(byPort('admin')?.from, { app: 'some-client' }, ns), `${role}: a client pod may not reach the admin port`)
+      t.equal(byPort('http')?.from, undefined, 'clients reach the data port from anywhere')
+      const own = items.find((i) => i.kind === 'NetworkPolicy' && i.metadata.name === `r-handoff-${role}-ingress`)?.spec
+      t.ok(Object.entries(own?.podSelector?.matchLabels ?? { none: 'x' }).every(([k, v]) => tpl.metadata.labels[k] === v), `${role}: its NetworkPolicy selects its pods`)
+      const routerPod = items.find((i) => i.kind === 'Deployment' && i.metadata.name === 'r-handoff')?.spec?.template.metadata.labels ?? {}
+      const other = items.find((i) => i.metadata.name === `r-handoff-${role === 'prefill' ? 'decode' : 'prefill'}`)?.spec?.template.metadata.labels ?? {}
+      t.ok(admits(own?.ingress?.[0]?.from, routerPod, ns) && admits(own?.ingress?.[0]?.from, other, ns), `${role}: the routers and the other engines reach it`)
+      t.notOk(admits(own?.ingress?.[0]?.from, { app: 'some-client' }, ns), `${role}: nothing else does`)
       // The API server itself evaluates the router's selectors against a pod of this template.
       await podFrom(kube, ns, `${role}-pod`, tpl)
     }
@@ -170,9 +210,9 @@ t.test('engine pods in the Helm chart and the examples, against a real API serve
     const mount = join(dir, 'etc-handoff-drain')
     mkdirSync(mount, { recursive: true })
     writeFileSync(join(mount, 'prestop-drain.py'), items.find((i) => i.metadata.name === 'r-handoff-prestop')?.data?.['prestop-drain.py'] ?? '')
-    writeFileSync(join(mount, 'admin-token'), ADMIN_TOKEN)
-    const router = await startRouter(t, [{ id: `k8s:${ns}:prefill-abc`, role: 'prefill', url: 'http://127.0.0.1:9' }], { adminToken: ADMIN_TOKEN, probe: false })
-    const args = cmd.slice(1).map((a) => a.replace('/etc/handoff-drain', mount).replace(`http://r-handoff-admin.${ns}.svc:8000`, router.url))
+    writeFileSync(join(mount, 'drain-token'), DRAIN_TOKEN)
+    const router = await startRouter(t, [{ id: `k8s:${ns}:prefill-abc`, role: 'prefill', url: 'http://127.0.0.1:9' }], { adminToken: ADMIN_TOKEN, drainTokens: [DRAIN_TOKEN], probe: false })
+    const args = cmd.slice(1).map((a) => a.replace('/etc/handoff-drain', mount).replace(`http://r-handoff-admin.${ns}.svc:8001`, router.url))
     const logFile = join(dir, 'container-stderr')
     const i = args.indexOf('--log-file')
     if (i >= 0) args[i + 1] = logFile

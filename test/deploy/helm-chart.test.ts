@@ -11,7 +11,7 @@ import { needKube, startKube } from '../helpers/kube.js'
 // its RBAC grants discovery exactly what it needs.
 
 const chart = resolve(dirname(fileURLToPath(import.meta.url)), '../../deploy/helm/handoff')
-const ADMIN = ['--set', 'secrets.adminToken=admin-token-for-tests', '--set', 'secrets.agentToken=agent-token-for-tests']
+const ADMIN = ['--set', 'secrets.adminToken=admin-token-for-tests', '--set', 'secrets.agentToken=agent-token-for-tests', '--set', 'secrets.drainToken=drain-token-for-tests']
 
 interface K8sObject {
   kind: string
@@ -40,7 +40,7 @@ t.test('the Helm chart against a real API server', { skip: needKube(t, { helm: t
     t.same(
       items.map((i) => i.kind).sort(),
       // The second ConfigMap: the engines' preStop drain script (engines.drain.configMap).
-      ['ConfigMap', 'ConfigMap', 'Deployment', 'PodDisruptionBudget', 'Role', 'RoleBinding', 'Secret', 'Service', 'Service', 'ServiceAccount'],
+      ['ConfigMap', 'ConfigMap', 'Deployment', 'NetworkPolicy', 'PodDisruptionBudget', 'Role', 'RoleBinding', 'Secret', 'Service', 'Service', 'ServiceAccount'],
       'every object accepted by the API server',
     )
     const routerJson = items.find((i) => i.kind === 'ConfigMap' && i.metadata.name === 'r-handoff')?.data?.['router.json']
@@ -78,7 +78,9 @@ t.test('the Helm chart against a real API server', { skip: needKube(t, { helm: t
         (e: { stderr?: string }) => e.stderr ?? '',
       )
     t.match(await fails([]), /secrets\.adminToken is required/)
-    t.match(await fails(['--set', 'secrets.adminToken=admin-token-for-tests']), /secrets\.agentToken is required/)
+    t.match(await fails(['--set', 'secrets.adminToken=admin-token-for-tests']), /secrets\.drainToken is required/)
+    t.match(await fails(['--set', 'secrets.adminToken=admin-token-for-tests', '--set', 'secrets.drainToken=drain-token-for-tests']), /secrets\.agentToken is required/)
+    t.match(await fails(['--set', 'secrets.adminToken=admin-token-for-tests', '--set', 'secrets.agentToken=agent-token-for-tests', '--set', 'secrets.drainToken=admin-token-for-tests']), /secrets\.drainToken must differ/)
     t.match(await fails([...ADMIN, '--set', 'router.replicas=2']), /router\.replicas > 1 needs store\.redisUrl/)
     t.match(await fails([...ADMIN, '--set', 'router.terminationGracePeriodSeconds=10']), /shutdownGraceMs must stay below/)
     t.equal(await fails([...ADMIN, '--set', 'router.replicas=2', '--set', 'store.redisUrl=redis://redis:6379']), '', 'two replicas on Redis render')

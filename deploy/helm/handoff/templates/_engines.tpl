@@ -5,12 +5,21 @@
 {{- printf "%s-prestop" (include "handoff.fullname" .) | trunc 63 | trimSuffix "-" }}
 {{- end }}
 
-{{/* The routers the preStop drain and the agents ask: engines.drain.routerUrls, else the -admin Service. */}}
-{{- define "handoff.engineRouterUrls" -}}
+{{/* The routers the preStop drain asks: engines.drain.routerUrls, else the -admin Service's admin port. */}}
+{{- define "handoff.drainRouterUrls" -}}
 {{- if .Values.engines.drain.routerUrls }}
 {{- join "," .Values.engines.drain.routerUrls }}
 {{- else }}
-{{- printf "http://%s-admin.%s.svc:%d" (include "handoff.fullname" .) .Release.Namespace (int .Values.service.port) }}
+{{- printf "http://%s-admin.%s.svc:%d" (include "handoff.fullname" .) .Release.Namespace (int .Values.router.adminPort) }}
+{{- end }}
+{{- end }}
+
+{{/* The routers the agents follow: engines.agent.routerUrls, else the -admin Service's agent port. */}}
+{{- define "handoff.agentRouterUrls" -}}
+{{- if .Values.engines.agent.routerUrls }}
+{{- join "," .Values.engines.agent.routerUrls }}
+{{- else }}
+{{- printf "http://%s-admin.%s.svc:%d" (include "handoff.fullname" .) .Release.Namespace (int .Values.router.agentPort) }}
 {{- end }}
 {{- end }}
 

@@ -61,6 +61,8 @@ hold is merely cautious, a longer one hands D blocks the prefiller already freed
 {{- $_ := set $cfg "leases" $leases }}
 {{- $_ := set $cfg "host" "0.0.0.0" }}
 {{- $_ := set $cfg "port" (int .Values.router.port) }}
+{{- $_ := set $cfg "adminPort" (int .Values.router.adminPort) }}
+{{- $_ := set $cfg "agentPort" (int .Values.router.agentPort) }}
 {{- $_ := set $cfg "logLevel" .Values.router.logLevel }}
 {{- $_ := set $cfg "shutdownGraceMs" (int .Values.router.shutdownGraceMs) }}
 {{- if .Values.discovery.enabled }}

@@ -15,11 +15,11 @@ import { cliEntry } from '../../common/paths.js'
 
 const hook = join(dirname(fileURLToPath(import.meta.url)), 'fixtures', 'log-loads.mjs')
 
-function loads(t: Test, args: string[]): { status: number | null; stdout: string; modules: string[] } {
+function loads(t: Test, args: string[], entry: string[] = [cliEntry]): { status: number | null; stdout: string; modules: string[] } {
   const dir = mkdtempSync(join(tmpdir(), 'handoff-loads-'))
   t.teardown(() => rmSync(dir, { recursive: true, force: true }))
   const log = join(dir, 'loads.txt')
-  const run = spawnSync(process.execPath, ['--import', hook, cliEntry, ...args], { encoding: 'utf8', timeout: 30_000, env: { ...process.env, HANDOFF_LOAD_LOG: log } })
+  const run = spawnSync(process.execPath, ['--import', hook, ...entry, ...args], { encoding: 'utf8', timeout: 30_000, env: { ...process.env, HANDOFF_LOAD_LOG: log } })
   let modules: string[] = []
   try {
     modules = readFileSync(log, 'utf8').split('\n').filter(Boolean)
@@ -45,4 +45,18 @@ t.test('a bench --help, and the router app itself, load the Kubernetes client on
   t.equal(r.status, 0)
   t.ok(r.modules.some((m) => m.endsWith('/router/src/app.js')), 'this bench builds router apps, so it loads the app')
   t.same(r.modules.filter(kubernetes), [], 'but not the Kubernetes client')
+})
+
+t.test('a router with the memory store loads no Redis client', async (t) => {
+  // The router app as `handoff router` builds it, with the default (memory) store, then closed.
+  const app = new URL('../router/src/app.js', `file://${cliEntry}`).href
+  const config = new URL('../router/src/config.js', `file://${cliEntry}`).href
+  const script = `const { buildApp } = await import(${JSON.stringify(app)}); const { loadConfig } = await import(${JSON.stringify(config)});
+    const a = await buildApp({ config: loadConfig({ overrides: { port: 0, logLevel: 'warn' } }), probe: false }); await a.ready(); await a.close(); console.log('built')`
+  const r = loads(t, [], ['--input-type=module', '-e', script])
+  t.equal(r.status, 0)
+  t.match(r.stdout, /built/)
+  t.ok(r.modules.some((m) => m.endsWith('/router/src/app.js')), 'the router app loaded')
+  t.same(r.modules.filter((m) => m.includes('/node_modules/ioredis/') || m.endsWith('/store/redis-store.js')), [], 'no ioredis, no Redis store')
+  t.same(r.modules.filter(kubernetes), [], 'no Kubernetes client')
 })

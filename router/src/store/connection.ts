@@ -1,22 +1,8 @@
 import { Redis, type RedisOptions } from 'ioredis'
 import { type Clock, systemClock } from '../../../common/clock.js'
+import { callEach, type StoreLogger, type StoreState, type StoreStateListener } from './store-state.js'
 
-/** What the store modules log: the outage and the recovery, once each (pino fits). */
-export interface StoreLogger {
-  info(obj: object, msg: string): void
-  warn(obj: object, msg: string): void
-}
-
-/** `ok` while the command connection is ready; `degraded` from its loss until it is ready again. */
-export interface StoreState {
-  readonly state: 'ok' | 'degraded'
-  /** Wall ms (clock.now()) of the last change. */
-  readonly since: number
-  /** The last error the connection reported, if any (never contains the URL's password). */
-  readonly error?: string
-}
-
-export type StoreStateListener = (state: StoreState) => void
+export type { StoreLogger, StoreState, StoreStateListener } from './store-state.js'
 
 export interface StoreConnectionOptions {
   /** redis://[[user]:password@]host:port[/db] or rediss://…, as in `store.url`. */
@@ -185,20 +171,6 @@ export class StoreConnection {
     if (state === 'ok') this.#opts.logger?.info({ store: this.url }, 'shared store reachable')
     else this.#opts.logger?.warn({ store: this.url, err: error }, 'shared store unreachable; routing continues, shared writes fail until it is back')
     callEach(this.#listeners, [this.#state], this.#opts.logger)
-  }
-}
-
-/**
- * Calls every listener with `args`; one that throws is logged and does not stop the others
- * (listeners run inside Redis client events and timers, where a throw would crash the process).
- */
-export function callEach<A extends unknown[]>(listeners: Iterable<(...args: A) => void>, args: A, logger: StoreLogger | undefined): void {
-  for (const fn of [...listeners]) {
-    try {
-      fn(...args)
-    } catch (err) {
-      logger?.warn({ err: err instanceof Error ? err.message : String(err) }, 'a shared-store listener failed')
-    }
   }
 }
 

@@ -1,7 +1,7 @@
 import type { Redis } from 'ioredis'
 import type { Clock, ClockTimer } from '../../../common/clock.js'
 import { type Every, every } from '../../../common/timers.js'
-import { callEach, type StoreLogger } from './connection.js'
+import { callEach, type StoreLogger } from './store-state.js'
 
 /**
  * Who runs the leader-only work (the prober) among routers. Leadership starts false;

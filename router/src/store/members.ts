@@ -2,7 +2,7 @@ import { hostname } from 'node:os'
 import type { Redis } from 'ioredis'
 import type { Clock } from '../../../common/clock.js'
 import { type Every, every } from '../../../common/timers.js'
-import { callEach, type StoreLogger } from './connection.js'
+import { callEach, type StoreLogger } from './store-state.js'
 
 /** What a router says about itself in `<prefix>routers:info` (for /topology). */
 export interface MemberInfo {

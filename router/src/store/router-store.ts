@@ -1,20 +1,15 @@
 import { randomUUID } from 'node:crypto'
 import type { Clock } from '../../../common/clock.js'
 import type { RouterConfig } from '../../../schemas/router-config.js'
-import { RTR_ERR_CONFIG } from '../errors.js'
 import type { AgentDirectory } from '../events/agent-directory.js'
 import type { LoggedEvent } from '../events/event-log.js'
 import type { StreamPresence } from '../events/router-events.js'
 import type { LeaseLedger, LeaseRecord } from '../leases/ledger.js'
 import { MemoryLeaseLedger, type MemoryLeaseLedgerOptions } from '../leases/memory-ledger.js'
 import type { TopologyRegistry } from '../topology/registry.js'
-import { redactUrl, StoreConnection, type StoreLogger, type StoreState } from './connection.js'
+import type { StoreLogger, StoreState } from './store-state.js'
 import { type EventStore, MemoryEventStore } from './event-store.js'
-import { LeaderLock, type Leadership, soleLeader } from './leader.js'
-import { Membership } from './members.js'
-import { RedisEventStore } from './redis-event-store.js'
-import { RedisLeaseLedger } from './redis-lease-ledger.js'
-import { SharedTopology } from './shared-topology.js'
+import { type Leadership, soleLeader } from './leader.js'
 
 /**
  * Where a router keeps what it shares (config `store`): the event log, the lease records,
@@ -87,97 +82,9 @@ export async function openRouterStore(deps: RouterStoreDeps): Promise<RouterStor
       },
     }
   }
-  return openRedis(deps)
-}
-
-async function openRedis(deps: RouterStoreDeps): Promise<RouterStore> {
-  const { config, clock, logger } = deps
-  const { url, prefix, memberTtlMs, commandTimeoutMs } = config.store
-  const routerId = randomUUID()
-  let conn: StoreConnection
-  try {
-    conn = await StoreConnection.open({ url: url as string, commandTimeoutMs, clock, logger, ...(deps.metrics ? { metrics: deps.metrics } : {}) })
-  } catch (err) {
-    // A router that never saw the shared state has nothing to route from: refuse to start.
-    throw new RTR_ERR_CONFIG(`store.url ${redactUrl(url as string)}: cannot reach Redis at start-up (${(err as Error).message})`, { cause: err })
-  }
-  const redis = conn.client
-  const events = await RedisEventStore.open({
-    redis,
-    prefix,
-    clock,
-    retention: config.events.retention,
-    deliveryEntries: config.events.deliveryEntries,
-    ...(deps.onDelivered ? { onDelivered: deps.onDelivered } : {}),
-    ...(deps.onEventLogReset ? { onReset: deps.onEventLogReset } : {}),
-    onError: () => {},
-  })
-  const members = new Membership({ redis, routerId, prefix, ttlMs: memberTtlMs, clock, logger, ...(deps.url ? { url: deps.url } : {}) })
-  await members.join()
-  const leader = new LeaderLock({ redis, routerId, prefix, ttlMs: memberTtlMs, clock, logger })
-  const ledgers: RedisLeaseLedger[] = []
-  let topology: SharedTopology | undefined
-  const goneListeners: ((routerId: string, unread: readonly LeaseRecord[]) => void)[] = []
-  members.onDeparted((gone) => {
-    void Promise.all(ledgers.map((l) => l.reap(gone))).then(
-      (lists) => {
-        const unread = lists.flat()
-        logger.warn({ routerId: gone, unread: unread.length }, 'a router stopped renewing its membership: its unread leases are released')
-        for (const l of goneListeners) l(gone, unread)
-      },
-      (err: unknown) => logger.warn({ routerId: gone, err: String(err) }, 'could not reap a departed router'),
-    )
-  })
-  // The leader sweeps departed routers (a Lua script reports each one to one sweeper only).
-  const sweep = setInterval(() => {
-    if (leader.isLeader) members.sweep().catch(() => {})
-  }, memberTtlMs)
-  sweep.unref()
-  await leader.start()
-  const unState = conn.onChange((s) => {
-    if (s.state !== 'ok') return
-    for (const l of ledgers) l.resync().catch(() => {})
-  })
-  return {
-    kind: 'redis',
-    routerId,
-    events,
-    leadership: leader,
-    get state() {
-      return conn.state
-    },
-    onChange: (listener) => conn.onChange(listener),
-    ledger: (opts) => {
-      const l = new RedisLeaseLedger({ ...opts, clock, redis, prefix, routerId, routers: members })
-      ledgers.push(l)
-      return l
-    },
-    share: async ({ registry, agents }) => {
-      topology = new SharedTopology({ redis, prefix, routerId, registry, agents, clock, routers: members, leader, logger })
-      await topology.start()
-      const t = topology
-      return {
-        anyOpen: (ids) => t.anyOpen(ids),
-        opened: (id) => t.opened(id),
-        closed: (id) => t.closed(id),
-        remoteInflight: (id) => t.remoteInflight(id),
-        publishVerdicts: () => t.publishVerdicts(),
-      }
-    },
-    onRouterGone: (listener) => {
-      goneListeners.push(listener)
-    },
-    close: async () => {
-      clearInterval(sweep)
-      unState()
-      await topology?.close()
-      for (const l of ledgers) await l.close?.()
-      await leader.stop().catch(() => {})
-      await members.leave().catch(() => {})
-      await events.close()
-      await conn.close()
-    },
-  }
+  // Redis (and ioredis) load only for a router that uses it.
+  const { openRedisStore } = await import('./redis-store.js')
+  return openRedisStore(deps)
 }
 
 /**

@@ -1,7 +1,6 @@
 import { randomUUID } from 'node:crypto'
 import type { Server } from 'node:http'
 import Fastify, { type FastifyBaseLogger, type FastifyError, type FastifyInstance } from 'fastify'
-import { Agent, request, type Dispatcher } from 'undici'
 import { systemClock, type Clock } from '../../common/clock.js'
 import { limitJsonDepth } from '../../common/json-body.js'
 import { loggerOptions, withRequestSerializers } from '../../common/logger.js'
@@ -23,15 +22,10 @@ import {
   type CodedError,
   type RouterErrorCode,
 } from './errors.js'
-import { Admission } from './admission/admission.js'
-import { AgentDirectory } from './events/agent-directory.js'
-import { EngineNotifier } from './events/engine-notifier.js'
 import { RouterEvents } from './events/router-events.js'
-import { isStoreError, openRouterStore, type RouterStore } from './store/router-store.js'
-import type { LeaseEndReason, LeaseLedger, LeaseRecord } from './leases/ledger.js'
-import { createRouterMetrics } from './metrics.js'
-import { CompletionProxy } from './proxy/proxy.js'
-import { Upstream } from './proxy/upstream.js'
+import { isStoreError, type RouterStore } from './store/router-store.js'
+import type { LeaseLedger } from './leases/ledger.js'
+import { openCore } from './core.js'
 import { adminRoutes } from './routes/admin.js'
 import { agentStreamRoutes } from './routes/agent-stream.js'
 import { completionRoutes } from './routes/completions.js'
@@ -40,9 +34,6 @@ import { topologyRoutes } from './routes/topology.js'
 import { healthRoutes } from './routes/health.js'
 import { metricsRoutes } from './routes/metrics.js'
 import { modelRoutes } from './routes/models.js'
-import { PairBreakers } from './topology/pair-breakers.js'
-import { Prober, type HttpGet } from './topology/prober.js'
-import { Drainer } from './topology/drainer.js'
 import { TopologyRegistry } from './topology/registry.js'
 import { startDiscovery, type Discovery } from './discovery/index.js'
 import { agentPlane, dataPlane, listenPlanes, operationsPlane } from './planes.js'
@@ -61,37 +52,6 @@ export interface RouterDeps {
 
 // A client's X-Request-Id is kept only if it is a sane token: it ends up in logs and upstream headers.
 const REQUEST_ID = /^[A-Za-z0-9._:-]{1,128}$/
-
-function upstreamAgent(config: RouterConfig): Agent {
-  return new Agent({
-    connections: config.limits.connectionsPerUpstream,
-    // Below the engine's own keep-alive (uvicorn: 5 s), and never raised by a server's hint.
-    keepAliveTimeout: config.timeouts.upstreamKeepAliveMs,
-    keepAliveMaxTimeout: config.timeouts.upstreamKeepAliveMs,
-    connect: { timeout: config.timeouts.connectMs },
-    headersTimeout: config.timeouts.decodeHeadersMs,
-    bodyTimeout: config.timeouts.idleMs,
-  })
-}
-
-/** Probes get connections of their own: queued behind traffic they would time out under load. */
-function probeAgent(config: RouterConfig): Agent {
-  return new Agent({
-    connections: 2,
-    keepAliveTimeout: config.timeouts.upstreamKeepAliveMs,
-    keepAliveMaxTimeout: config.timeouts.upstreamKeepAliveMs,
-    connect: { timeout: Math.min(config.timeouts.connectMs, config.health.timeoutMs) },
-  })
-}
-
-function httpGet(dispatcher: Dispatcher, apiKey: string | undefined): HttpGet {
-  // Engines started with --api-key guard /v1 (so /v1/models); the key goes on every probe.
-  const headers = apiKey ? { authorization: `Bearer ${apiKey}` } : {}
-  return async (url, timeoutMs) => {
-    const res = await request(url, { dispatcher, headers, headersTimeout: timeoutMs, bodyTimeout: timeoutMs, signal: AbortSignal.timeout(timeoutMs) })
-    return { status: res.statusCode, text: await res.body.text() }
-  }
-}
 
 /** 503 with Retry-After: a control write the shared store cannot take now. */
 function storeUnavailable(reason: string): CodedError & { code: RouterErrorCode } {
@@ -118,8 +78,11 @@ function toRouterError(err: FastifyError, bodyLimit: number, contentType: string
 }
 
 /**
- * Builds the router: a fastify instance, not yet listening. Every shared resource is created
- * here (or passed in) and closed in onClose, so tests can build isolated routers.
+ * Builds the router, not yet listening: the core (core.ts: topology, store, events, leases,
+ * proxy, prober) behind the planes (planes.ts: data, operations, agents, probes), with the
+ * hooks that tie them to fastify's life (graceful close, the prober's leadership, discovery)
+ * and the one error mapping. Everything is closed in onClose, so tests can build isolated
+ * routers; listenPlanes() starts the listeners of planes that have ports of their own.
  */
 export async function buildApp(deps: RouterDeps): Promise<FastifyInstance> {
   const { config } = deps
@@ -143,109 +106,8 @@ export async function buildApp(deps: RouterDeps): Promise<FastifyInstance> {
   app.removeContentTypeParser('text/plain')
   limitJsonDepth(app)
 
-  const registry = new TopologyRegistry({ clock, policy: config.health, instances: config.instances })
-  const metrics = createRouterMetrics()
-  const agents = new AgentDirectory({ clock })
-  let agentStreams = { endAll: (): void => {}, unsent: (): number => 0 }
-  const store = await openRouterStore({
-    config,
-    clock,
-    logger: app.log.child({ component: 'store' }),
-    onDelivered: (event, ms) => metrics.eventDelivery.observe({ type: event.type }, ms / 1000),
-    // Redis came back empty: a new log, so every agent starts over (ending its stream makes it register again).
-    onEventLogReset: () => agentStreams.endAll(),
-    metrics: { up: metrics.storeUp },
-  })
-  const shared = await store.share({ registry, agents })
-  const engineNotifier = new EngineNotifier({
-    registry,
-    agents,
-    clock,
-    logger: app.log.child({ component: 'engine-mode' }),
-    urlTemplate: config.engineMode.peerGoneUrl,
-    retries: config.engineMode.retries,
-    timeoutMs: config.engineMode.timeoutMs,
-    backoffMs: config.engineMode.backoffMs,
-    ...(config.upstreamApiKey ? { apiKey: config.upstreamApiKey } : {}),
-    metrics: metrics.engineNotifications,
-  })
-  const events = new RouterEvents({
-    store: store.events,
-    agents,
-    registry,
-    logger: app.log.child({ component: 'events' }),
-    metrics: { events: metrics.events },
-    maxAgents: config.limits.maxAgents,
-    onLogged: (event) => engineNotifier.notify(event),
-    ...(shared ? { presence: shared } : {}),
-  })
-  const ledger =
-    deps.ledger ??
-    store.ledger({
-      ...config.leases,
-      registry: metrics.registry,
-      onRelease: (leases, reason) => releaseToPrefillers(events, leases, reason),
-    })
-  // A router replica that died took its clients with it: leases nobody will read now.
-  store.onRouterGone((_routerId, unread) => releaseToPrefillers(events, unread, 'router_gone'))
-  const drainer = new Drainer({ registry, ledger, events, clock, logger: app.log.child({ component: 'drain' }), ...(shared ? { remoteInflight: shared.remoteInflight } : {}) })
-  const dispatcher = upstreamAgent(config)
-  const probes = probeAgent(config)
-  const pairLog = app.log.child({ component: 'pairs' })
-  const pairs = new PairBreakers({
-    clock,
-    policy: config.pairBreaker,
-    onOpen: (prefill, decode) => {
-      metrics.pairBreakerOpens.inc()
-      pairLog.warn({ prefill, decode }, 'pair breaker open: KV loads from this prefiller to this decoder keep failing')
-    },
-  })
-  registry.subscribe((change) => {
-    if (change.type === 'removed') pairs.forget(change.instanceId)
-  })
-  const admission = new Admission({
-    pairs,
-    registry,
-    clock,
-    random,
-    pairing: config.pairing,
-    cap: config.limits.maxInflightPerInstance,
-    ...config.admission,
-    metrics: { queueDepth: metrics.queueDepth, queueWait: metrics.queueWait },
-  })
-  const proxy = new CompletionProxy({
-    registry,
-    admission,
-    upstream: new Upstream({ dispatcher, registry, metrics }),
-    ledger,
-    metrics,
-    clock,
-    random,
-    timeouts: config.timeouts,
-    onLapsed: config.leases.onLapsed,
-    maxHandoffsPerRequest: config.limits.maxHandoffsPerRequest,
-    engineAnswered: (engineId) => events.engineAnswered(engineId),
-    pairs,
-    ...(config.upstreamApiKey ? { upstreamApiKey: config.upstreamApiKey } : {}),
-  })
-  const prober = new Prober({
-    registry,
-    get: httpGet(probes, config.upstreamApiKey),
-    clock,
-    log: app.log.child({ component: 'prober' }),
-    intervalMs: config.health.intervalMs,
-    timeoutMs: config.health.timeoutMs,
-  })
-  const topologyLog = app.log.child({ component: 'topology' })
-  registry.subscribe((change) => {
-    if (change.type === 'released') return
-    const role = 'role' in change ? change.role : (registry.snapshot().instances.find((i) => i.id === change.instanceId)?.role ?? 'unknown')
-    if (change.type === 'removed') metrics.instanceUp.remove({ instance: change.instanceId, role })
-    if (change.type === 'up' || change.type === 'down') metrics.instanceUp.set({ instance: change.instanceId, role }, change.type === 'up' ? 1 : 0)
-    if (change.type === 'ejected' || change.type === 'engine_id_changed') metrics.topologyChanges.inc({ type: change.type })
-    topologyLog.info({ ...change }, `instance ${change.instanceId}: ${change.type}`)
-  })
-
+  const core = await openCore(config, { clock, random, log: app.log, ...(deps.ledger ? { ledger: deps.ledger } : {}) })
+  const { registry, metrics, store, shared, events, ledger, drainer, pairs, proxy, prober } = core
   // Graceful close: server.close() waits for every open connection, and a keep-alive
   // connection can linger until its timeout (72 s) even when no response is in progress.
   // Responses in flight are counted, and once none is left while closing, every connection
@@ -325,12 +187,8 @@ export async function buildApp(deps: RouterDeps): Promise<FastifyInstance> {
     serving = false
     for (const u of unsubscribeStore) u()
     await discovery?.stop()
-    prober.stop()
-    events.close()
-    drainer.close()
-    admission.close()
-    await Promise.all([dispatcher.close(), probes.close(), engineNotifier.close(), ...app.planeServers.map((p) => new Promise((resolve) => p.close(resolve)))])
-    await store.close()
+    await Promise.all(app.planeServers.map((p) => new Promise((resolve) => p.close(resolve))))
+    await core.close()
   })
 
   app.setErrorHandler((err: FastifyError, req, reply) => {
@@ -360,7 +218,7 @@ export async function buildApp(deps: RouterDeps): Promise<FastifyInstance> {
       const connected = agents.filter((a) => a.streams > 0).length
       metrics.agents.set({ state: 'connected' }, connected)
       metrics.agents.set({ state: 'disconnected' }, agents.length - connected)
-      metrics.agentStreamUnsent.set(agentStreams.unsent())
+      metrics.agentStreamUnsent.set(core.agentStreams.unsent())
     },
   })
   // The planes (planes.ts), each with its listener and credential checked in its own scope.
@@ -378,7 +236,7 @@ export async function buildApp(deps: RouterDeps): Promise<FastifyInstance> {
       events,
       ...(shared ? { presence: shared } : {}),
       beforeRegister: storeWritable,
-      onStreams: (streams) => (agentStreams = streams),
+      onStreams: (streams) => core.setAgentStreams(streams),
       credentials: config.agentToken ? [config.agentToken] : config.apiKeys,
       keepAliveMs: config.events.keepAliveMs,
       streamBufferBytes: config.events.streamBufferBytes,
@@ -407,22 +265,6 @@ export async function buildApp(deps: RouterDeps): Promise<FastifyInstance> {
   app.decorate('leases', ledger)
   app.decorate('discovery', () => discovery)
   return app
-}
-
-/**
- * Leases nobody will read: one lease_release per prefiller engine for its agent. Without
- * remote_request_id (vLLM before late 2025) P's agent could not name the blocks; those wait
- * for P's own expiry.
- */
-function releaseToPrefillers(events: RouterEvents, leases: readonly LeaseRecord[], reason: LeaseEndReason): void {
-  const byEngine = new Map<string, string[]>()
-  for (const l of leases) {
-    if (l.remoteRequestId === undefined) continue
-    const ids = byEngine.get(l.engineId) ?? []
-    ids.push(l.remoteRequestId)
-    byEngine.set(l.engineId, ids)
-  }
-  for (const [prefillEngineId, requestIds] of byEngine) events.releaseLater({ prefillEngineId, requestIds, reason })
 }
 
 declare module 'fastify' {

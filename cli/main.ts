@@ -35,8 +35,15 @@ export async function run(argv: string[]): Promise<void> {
 }
 
 followParent()
-run(process.argv.slice(2)).catch((err: unknown) => {
-  const e = err as { code?: string; message?: string }
-  process.stderr.write(`handoff: ${e.code ? `${e.code}: ` : ''}${e.message ?? String(err)}\n`)
-  process.exit(1)
-})
+run(process.argv.slice(2)).then(
+  () => {
+    // A command that refused to start set an exit code and returned; an IPC channel from a
+    // parent (tests, `handoff up`) would keep the process alive, so leave now.
+    if (typeof process.exitCode === 'number' && process.exitCode !== 0) process.exit()
+  },
+  (err: unknown) => {
+    const e = err as { code?: string; message?: string }
+    process.stderr.write(`handoff: ${e.code ? `${e.code}: ` : ''}${e.message ?? String(err)}\n`)
+    process.exit(1)
+  },
+)

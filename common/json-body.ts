@@ -8,18 +8,28 @@ import type { FastifyInstance } from 'fastify'
  */
 export const MAX_JSON_DEPTH = 512
 
-/** The nesting depth of a JSON text, counted without parsing; stops once past `limit`. */
+/**
+ * The nesting depth of a JSON text, counted without parsing; stops once past `limit`. Strings
+ * (a prompt is most of a body) are skipped with indexOf, which V8 runs far faster than a
+ * loop over their characters.
+ */
 export function jsonDepth(text: string, limit = Infinity): number {
   let depth = 0
   let max = 0
-  let inString = false
   for (let i = 0; i < text.length; i++) {
     const c = text.charCodeAt(i)
-    if (inString) {
-      if (c === 0x5c) i++ // a backslash escapes the next character
-      else if (c === 0x22) inString = false
-    } else if (c === 0x22) inString = true
-    else if (c === 0x5b || c === 0x7b) {
+    if (c === 0x22) {
+      // The closing quote: the next one not escaped by an odd run of backslashes.
+      let end = text.indexOf('"', i + 1)
+      while (end !== -1) {
+        let slashes = 0
+        while (text.charCodeAt(end - 1 - slashes) === 0x5c) slashes++
+        if (slashes % 2 === 0) break
+        end = text.indexOf('"', end + 1)
+      }
+      if (end === -1) return max // unterminated: the parser says what is wrong
+      i = end
+    } else if (c === 0x5b || c === 0x7b) {
       if (++depth > max) {
         max = depth
         if (max > limit) return max

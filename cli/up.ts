@@ -4,6 +4,7 @@ import { once } from 'node:events'
 import { parseArgs } from 'node:util'
 import { freePort } from '../common/ports.js'
 import { spawnService, type SpawnedService, type SpawnOptions } from '../common/spawn.js'
+import { urlHost } from '../common/host-port.js'
 
 const HELP = `usage: handoff up [--prefill N] [--decode M] [--both K] [--port P] [--host H]
                   [--kv auto|agent|none] [--lease-seconds S] [--kv-load-failure-policy fail|recompute]
@@ -130,7 +131,7 @@ async function startLocalRedis(verbose: boolean): Promise<SpawnedService> {
 function dialable(host: string): string {
   if (host === '0.0.0.0' || host === '') return '127.0.0.1'
   if (host === '::') return '[::1]'
-  return host.includes(':') ? `[${host}]` : host
+  return urlHost(host)
 }
 
 /** `auto` → agent when NIXL loads here; otherwise none, with the reason. */

@@ -4,6 +4,7 @@ import type { FastifyInstance, FastifyPluginAsync, FastifyRequest } from 'fastif
 import { bearerChecker } from '../../common/bearer.js'
 import type { RouterConfig } from '../../schemas/router-config.js'
 import { RTR_ERR_ADMIN_DISABLED, RTR_ERR_ADMIN_UNAUTHORIZED, RTR_ERR_ROUTE_NOT_FOUND, RTR_ERR_UNAUTHORIZED } from './errors.js'
+import { hostPort } from '../../common/host-port.js'
 
 /*
  * The router's HTTP surface as planes (docs/security.md "Planes and their credentials"): data
@@ -115,7 +116,7 @@ export async function listenPlanes(app: FastifyInstance, config: Pick<RouterConf
     })
     app.planeServers.push(server)
     const { address, port: bound } = server.address() as AddressInfo
-    out[listener] = `http://${address.includes(':') ? `[${address}]` : address}:${bound}`
+    out[listener] = `http://${hostPort(address, bound)}`
   }
   return out
 }

@@ -8,6 +8,7 @@ import { AgentLink } from './agent-link.js'
 import { buildApp } from './app.js'
 import { parseSimArgs, usage, validateSimConfig } from './config.js'
 import { oracleMain } from './oracle-cli.js'
+import { hostPort } from '../../common/host-port.js'
 
 /**
  * `--kv agent`: the KV region lives in a POSIX shared-memory object that this process
@@ -25,7 +26,7 @@ function agentMemory(config: Readonly<SimConfig>, random: Random): { config: Rea
 /** This engine's URL as the router knows it: the listen address, unless that is a wildcard. */
 function engineUrl(host: string, port: number, listening: string): string {
   if (host === '0.0.0.0' || host === '::' || host === '') return listening
-  return `http://${host.includes(':') ? `[${host}]` : host}:${port}`
+  return `http://${hostPort(host, port)}`
 }
 
 /** `handoff sim [options]` and `handoff sim oracle ...`. */

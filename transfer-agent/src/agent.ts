@@ -17,6 +17,7 @@ import { PeerTable } from './peers.js'
 import { parsePrefillNotification, PrefillLeases } from './prefill-leases.js'
 import { Puller, type PullReport } from './pulls.js'
 import { RouterLink } from './router-link.js'
+import { hostPort } from '../../common/host-port.js'
 
 /**
  * One transfer agent: the engine it serves (attachment), its prefiller leases, its
@@ -169,7 +170,7 @@ export class TransferAgent {
     this.#routerLink?.attached({
       engineId: req.engineId,
       role: req.role,
-      agentUrl: `http://${host.includes(':') ? `[${host}]` : host}:${port}`,
+      agentUrl: `http://${hostPort(host, port)}`,
       ...(req.engineUrl && /^https?:\/\//.test(req.engineUrl) ? { engineUrl: req.engineUrl } : {}),
     })
     return { agentId: this.agentId, engineId: req.engineId, peerHost: host, peerPort: port, leaseSeconds: this.#d.config.leaseSeconds }

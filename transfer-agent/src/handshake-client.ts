@@ -6,6 +6,7 @@ import type { PeerHandshake } from '../../schemas/agent-api.js'
 import { betterSample, clockSample, type ClockSample } from './deadline.js'
 import { ANSWER_PROOF_HEADER, answerProof, PEER_AUTH_SCHEME, proveHandshake, sameProof } from './peer-proof.js'
 import type { Handshake, HandshakeResult } from './peers.js'
+import { hostPort, splitHostPort } from '../../common/host-port.js'
 
 /**
  * The agent-to-agent handshake, client side: `GET http://<remote_host>:<remote_port>/v1/peer/
@@ -37,9 +38,10 @@ export function createHandshake(opts: HandshakeClientOptions): { handshake: Hand
   const samples = opts.samples ?? 3
   if (!(Number.isInteger(samples) && samples >= 1)) throw new RangeError(`handshake samples must be a positive integer, got ${samples}`)
   const once = async (address: string, expectedEngineId: string, signal: AbortSignal): Promise<{ body: PeerHandshake; clock: ClockSample }> => {
-    const url = new URL(`http://${urlHost(address)}/v1/peer/handshake`)
+    const { host, port } = splitHostPort(address)
+    const url = new URL(`http://${hostPort(host, port)}/v1/peer/handshake`)
     url.searchParams.set('engine_id', expectedEngineId)
-    const nonce = randomBytes(16).toString('hex')
+    const nonce = opts.peerKey ? randomBytes(16).toString('hex') : ''
     const headers: Record<string, string> = {}
     if (opts.peerKey) {
       const ts = Math.round(opts.clock.now())
@@ -86,13 +88,6 @@ export function createHandshake(opts: HandshakeClientOptions): { handshake: Hand
     return result
   }
   return { handshake, close: () => dispatcher.close() }
-}
-
-/** host:port for a URL: an IPv6 literal goes in brackets. */
-function urlHost(address: string): string {
-  const i = address.lastIndexOf(':')
-  const host = address.slice(0, i)
-  return host.includes(':') && !host.startsWith('[') ? `[${host}]:${address.slice(i + 1)}` : address
 }
 
 function headerValue(v: string | string[] | undefined): string | undefined {

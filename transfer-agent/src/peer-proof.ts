@@ -1,4 +1,5 @@
 import { createHash, createHmac, timingSafeEqual } from 'node:crypto'
+import { splitHostPort } from '../../common/host-port.js'
 
 /*
  * The agent↔agent credential (issue 18 §2). Agents that handshake share a peer secret
@@ -47,9 +48,8 @@ function claimText(c: HandshakeClaim): string {
 
 /** Lower-case host, IPv6 brackets dropped: the same address however it was written. */
 export function normalAddress(address: string): string {
-  const i = address.lastIndexOf(':')
-  const host = address.slice(0, i).replace(/^\[(.*)\]$/, '$1').toLowerCase()
-  return `${host}:${address.slice(i + 1)}`
+  const { host, port } = splitHostPort(address)
+  return `${host.toLowerCase()}:${port}`
 }
 
 export function proveHandshake(key: Buffer, claim: HandshakeClaim): string {
@@ -92,11 +92,13 @@ export class NonceWindow {
   }
 }
 
+const AUTHORIZATION = new RegExp(`^${PEER_AUTH_SCHEME}[ \\t]+(\\S+)$`, 'i')
+
 export type ProofCheck = 'ok' | 'missing' | 'bad_proof' | 'stale' | 'replayed'
 
 /** The callee's side: is this request's proof good for `ownAddress`, now? */
 export function checkHandshake(key: Buffer, ownAddress: string, query: Record<string, unknown>, authorization: string | undefined, now: number, nonces: NonceWindow): ProofCheck {
-  const m = typeof authorization === 'string' ? new RegExp(`^${PEER_AUTH_SCHEME}[ \\t]+(\\S+)$`, 'i').exec(authorization) : null
+  const m = typeof authorization === 'string' ? AUTHORIZATION.exec(authorization) : null
   const { engine_id: callee, caller, ts, nonce } = query
   if (!m || typeof callee !== 'string' || typeof caller !== 'string' || typeof ts !== 'string' || typeof nonce !== 'string') return 'missing'
   if (!/^[0-9]{1,16}$/.test(ts) || !/^[0-9a-f]{32}$/.test(nonce)) return 'bad_proof'

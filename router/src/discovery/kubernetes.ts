@@ -2,6 +2,7 @@ import { CoreV1Api, KubeConfig, makeInformer, type Informer, type ObjectCache, t
 import type { Clock, ClockTimer } from '../../../common/clock.js'
 import type { DiscoveryConfig, InstanceConfig, InstanceRole } from '../../../schemas/router-config.js'
 import { RTR_ERR_CONFIG } from '../errors.js'
+import { hostPort } from '../../../common/host-port.js'
 
 /**
  * What discovery needs from the topology: the registry and the drainer satisfy it (app.ts
@@ -67,10 +68,6 @@ function serving(pod: V1Pod): string | undefined {
   if (pod.metadata?.deletionTimestamp) return undefined
   const ready = pod.status?.conditions?.some((c) => c.type === 'Ready' && c.status === 'True')
   return ready ? pod.status?.podIP || undefined : undefined
-}
-
-function hostPort(ip: string, port: number): string {
-  return ip.includes(':') ? `[${ip}]:${port}` : `${ip}:${port}`
 }
 
 /** One incarnation of a pod, as it stands in the topology. */

@@ -23,6 +23,22 @@
 {{- end }}
 {{- end }}
 
+{{/*
+The equality terms (k=v, k==v) of a Kubernetes label selector string, as a YAML map: what the
+engine checks and the NetworkPolicies can match on.
+*/}}
+{{- define "handoff.selectorEqualities" -}}
+{{- $labels := dict }}
+{{- range $term := splitList "," . }}
+{{- $term = trim $term }}
+{{- if regexMatch "^[^=!()\\s]+==?[^=!()\\s]*$" $term }}
+{{- $kv := splitList "=" $term }}
+{{- $_ := set $labels (first $kv) (last $kv) }}
+{{- end }}
+{{- end }}
+{{- toYaml $labels }}
+{{- end }}
+
 {{/* Selector labels of one role's engines; context: dict "root" $ "role" "prefill". */}}
 {{- define "handoff.engineSelectorLabels" -}}
 app.kubernetes.io/name: {{ include "handoff.name" .root }}
@@ -50,15 +66,9 @@ Only equality terms of the selector (k=v, k==v) are checked.
 {{- if ne (int $e.port) (int $d.port) }}
 {{- fail (printf "engines.%s.port (%d) must equal discovery.%s.port (%d): the router dials that port" $role (int $e.port) $role (int $d.port)) }}
 {{- end }}
-{{- range $term := splitList "," $d.selector }}
-{{- $term = trim $term }}
-{{- if regexMatch "^[^=!()\\s]+==?[^=!()\\s]*$" $term }}
-{{- $kv := splitList "=" $term }}
-{{- $k := first $kv }}
-{{- $v := last $kv }}
-{{- if or (not (hasKey (default (dict) $e.labels) $k)) (ne (toString (index $e.labels $k)) $v) }}
+{{- range $k, $v := fromYaml (include "handoff.selectorEqualities" $d.selector) }}
+{{- if or (not (hasKey (default (dict) $e.labels) $k)) (ne (toString (index $e.labels $k)) (toString $v)) }}
 {{- fail (printf "engines.%s.labels must include %s=%s: discovery.%s.selector is %q" $role $k $v $role $d.selector) }}
-{{- end }}
 {{- end }}
 {{- end }}
 {{- end }}

@@ -79,6 +79,11 @@ t.test('the peer plane has its own credential, and it never leaves the agent', {
     const evil = await impostor(t, () => ({ engineId: 'evil', agentId: 'evil', metadata: 'AAAA', clock: 1, probe: false, region: { addr: '1', len: 4096, blockBytes: 512, numBlocks: 8 } }))
     const pull = await D.call('POST', '/v1/pulls', pullBody({ requestId: 'evil', remoteEngineId: 'evil', remoteHost: '127.0.0.1', remotePort: evil.port, remoteBlocksExpiryTime: 1e12 }), auth)
     t.match(pull, { status: 502, body: { error: { code: 'XFA_ERR_HANDSHAKE_FAILED' } } }, 'an answer without the peer proof is refused')
+    // Refused by the handshake itself, before its metadata reaches NIXL (unchecked, the same
+    // answer fails only later, as metadata NIXL cannot load).
+    const message = String((pull.body as { error?: { message?: string } }).error?.message)
+    t.match(message, new RegExp(`evil at 127\\.0\\.0\\.1:${evil.port}`), 'the handshake refused the answer')
+    t.notMatch(message, /refused evil's metadata/, 'no metadata was loaded')
     t.ok(evil.seen.length >= 1, `the impostor was dialled (${evil.seen.length})`)
     for (const s of evil.seen) {
       const wire = JSON.stringify(s)

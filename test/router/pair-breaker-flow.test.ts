@@ -36,22 +36,30 @@ t.test('a pair whose KV loads keep failing rests; its engines keep serving other
   t.ok(ready.instances.every((i) => i.healthy), 'no engine was marked unhealthy')
 })
 
-t.test('streamed: a KV load that fails after the 200 (an error event) counts against the pair too', async (t) => {
+for (const api of ['completions', 'chat'] as const) {
+t.test(`streamed ${api}: a KV load that fails after the 200 (an error event) counts against the pair too`, async (t) => {
   // d0's KV loads fail (policy fail): streamed, vLLM answers 200, then an error event and
-  // [DONE]. The status says nothing; only the first frame does.
+  // [DONE]. The status says nothing; only the first telling frame does. A chat stream opens
+  // with the role preamble even then (vLLM 0.32's order): judging by it would count a
+  // failed load as a success (issue 19: 3 streamed chat failures, no breaker opened).
   const { d0, url } = await cluster(t, ['--kv-load-failure-rate', '1'])
   const answers: { status: number; events: ReturnType<typeof sseEvents> }[] = []
   for (let i = 0; i < 24; i++) {
-    const res = await post(`${url}/v1/completions`, { model: 'handoff/sim-1', prompt: `streamed breaker ${i}`, max_tokens: 2, stream: true })
+    const res =
+      api === 'chat'
+        ? await post(`${url}/v1/chat/completions`, { model: 'handoff/sim-1', messages: [{ role: 'user', content: `streamed breaker ${i}` }], max_tokens: 2, stream: true })
+        : await post(`${url}/v1/completions`, { model: 'handoff/sim-1', prompt: `streamed breaker ${i}`, max_tokens: 2, stream: true })
     answers.push({ status: res.status, events: sseEvents(res.text) })
   }
-  const toD0 = (await simRequests(d0)).filter((r) => r.path === '/v1/completions').length
+  const toD0 = (await simRequests(d0)).filter((r) => r.path === (api === 'chat' ? '/v1/chat/completions' : '/v1/completions')).length
   t.equal(toD0, 2, 'd0 got exactly the two decode legs that opened the breaker')
   const failed = answers.filter((a) => a.events.some((e) => e !== '[DONE]' && 'error' in e))
   t.equal(failed.length, 2, 'only those two carried an error event')
   for (const a of failed) {
     t.equal(a.status, 200, "the engine's 200 was relayed")
-    t.match(a.events, [{ error: { code: 'SIM_ERR_KV_LOAD_FAILED' } }, '[DONE]'], "D's error event as it came, then [DONE]")
+    const preamble = api === 'chat' ? [{ choices: [{ delta: { role: 'assistant', content: '' } }] }] : []
+    t.match(a.events, [...preamble, { error: { code: 'SIM_ERR_KV_LOAD_FAILED' } }, '[DONE]'], "D's error event as it came, then [DONE]")
+    t.equal(a.events.length, preamble.length + 2)
   }
   const topo = (await get(`${url}/topology`, { authorization: `Bearer ${ADMIN}` })).json<{ pairing: { resting: { prefill: string; decode: string; state: string }[] } }>()
   t.match(topo.pairing.resting, [{ prefill: 'p0', decode: 'd0', state: 'open' }])
@@ -65,3 +73,4 @@ t.test('streamed: a KV load that fails after the 200 (an error event) counts aga
   const ready = (await get(`${url}/ready`)).json<{ instances: { id: string; healthy: boolean }[] }>()
   t.ok(ready.instances.every((i) => i.healthy), 'no engine was marked unhealthy')
 })
+}

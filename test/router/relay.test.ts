@@ -1,6 +1,6 @@
 import { Readable } from 'node:stream'
 import t from 'tap'
-import { frameEnd, hasErrorEvent, relaySse } from '../../router/src/proxy/relay.js'
+import { frameEnd, hasErrorEvent, isRolePreamble, relaySse } from '../../router/src/proxy/relay.js'
 
 t.test('frameEnd: the end of the last whole frame, LF or CRLF', async (t) => {
   t.equal(frameEnd(Buffer.from('data: a\n\ndata: b')), 9)
@@ -44,4 +44,21 @@ t.test('relaySse: the first frame and the end tell an engine error event from da
   t.same([r.first, r.end], [['data'], ['error_event']], 'an error after tokens, in the same chunk: the first frame was data')
   r = await relayed([token.slice(0, 10), token.slice(10), 'data: [DONE]\n\n'])
   t.same([r.first, r.end], [['data'], ['ok']], 'a frame split over chunks is judged once whole')
+})
+
+t.test("relaySse: a chat stream's role preamble is not the verdict (vLLM 0.32 sends it before a failed load's error event)", async (t) => {
+  const role = 'data: {"id":"c","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}\n\n'
+  const error = 'data: {"error":{"message":"KV load failed","code":"SIM_ERR_KV_LOAD_FAILED"}}\n\n'
+  const content = 'data: {"id":"c","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"hi"},"finish_reason":null}]}\n\n'
+  let r = await relayed([role, error, 'data: [DONE]\n\n'])
+  t.same(r.first, ['error'], 'preamble, then the error event: error')
+  r = await relayed([role + error + 'data: [DONE]\n\n'])
+  t.same(r.first, ['error'], 'all in one chunk: error')
+  r = await relayed([role, content, 'data: [DONE]\n\n'])
+  t.same(r.first, ['data'], 'preamble, then content: data')
+  r = await relayed([role])
+  t.same(r.first, ['data'], 'a stream that ends after its preamble is judged once, at its end')
+  t.notOk(isRolePreamble({ choices: [{ delta: { role: 'assistant', content: 'x' } }] }), 'a role with content is content')
+  t.notOk(isRolePreamble({ choices: [{ delta: { role: 'assistant' }, finish_reason: 'stop' }] }), 'a finish is telling')
+  t.notOk(isRolePreamble({ choices: [] }), 'a usage chunk is telling')
 })

@@ -1,3 +1,4 @@
+import { isRolePreamble } from './relay.js'
 import { SharedBody, type BodyView } from './shared-body.js'
 
 type Body = Record<string, unknown>
@@ -119,9 +120,9 @@ export class EngineErrorEvent extends Error {
  * Interleaves the SSE streams of a request's handoffs as vLLM streams a batch or n choices:
  * chunks in the order they come, choices renumbered prompt-major, one id for all, the usage
  * chunks summed into one at the end, one [DONE]. `onFirstFrame(i, kind)`: stream i's first
- * whole frame, data or the engine's error event. A stream that fails throws (the caller ends
- * the response with an error event); an engine's error event is yielded as it came, then
- * EngineErrorEvent is thrown.
+ * telling frame (past a chat role preamble), data or the engine's error event. A stream that
+ * fails throws (the caller ends the response with an error event); an engine's error event is
+ * yielded as it came, then EngineErrorEvent is thrown.
  */
 export async function* mergeStreams(
   body: Body,
@@ -158,7 +159,8 @@ export async function* mergeStreams(
       if (d === '[DONE]') continue
       const chunk = JSON.parse(d) as Body
       const error = 'error' in chunk
-      if (!started[i]) {
+      // A chat role preamble comes before D's KV read is known (relay.ts firstVerdict).
+      if (!started[i] && (error || !isRolePreamble(chunk))) {
         started[i] = true
         onFirstFrame(i, error ? 'error' : 'data')
       }

@@ -8,8 +8,9 @@ export interface RelayHooks {
   /** The exchange's signal: when it aborts, the relay stops without writing anything more. */
   signal: AbortSignal
   /**
-   * D's first whole frame: its KV read is over. `error`: the frame is D's own error event
-   * (vLLM's streamed answer to a failed KV load under kv_load_failure_policy=fail).
+   * D's first frame that says how its KV read went (firstVerdict): `data`, the read is over;
+   * `error`, D's own error event (vLLM's streamed answer to a failed KV load under
+   * kv_load_failure_policy=fail). A chat stream's role preamble comes before either.
    */
   onFirstFrame(kind: 'data' | 'error'): void
   /**
@@ -40,6 +41,46 @@ export function hasErrorEvent(buf: Buffer): boolean {
 }
 
 /**
+ * A chat stream's role preamble: every choice's delta names the role and carries no content,
+ * no finish. vLLM 0.32 sends it for each choice before anything else, also before the error
+ * event of a failed KV load, so it says nothing about D's read.
+ */
+export function isRolePreamble(chunk: unknown): boolean {
+  const choices = (chunk as { choices?: unknown } | null)?.choices
+  if (!Array.isArray(choices) || choices.length === 0) return false
+  return choices.every((c: { delta?: { role?: unknown; content?: unknown; tool_calls?: unknown }; finish_reason?: unknown }) => {
+    const d = c?.delta
+    return typeof d?.role === 'string' && !d.content && !d.tool_calls && !c.finish_reason
+  })
+}
+
+/**
+ * What whole frames `buf` say about D's KV read: the first data frame that is not a role
+ * preamble decides (`error` for D's own error event); undefined while none has come. Only
+ * the frames before the verdict are parsed.
+ */
+export function firstVerdict(buf: Buffer): 'data' | 'error' | undefined {
+  for (const frame of buf.toString('utf8').split(/\r?\n\r?\n/)) {
+    const data = frame
+      .split(/\r?\n/)
+      .filter((l) => l.startsWith('data:'))
+      .map((l) => l.slice(5).trimStart())
+      .join('\n')
+    if (!data) continue
+    if (data === '[DONE]') return 'data'
+    let chunk: unknown
+    try {
+      chunk = JSON.parse(data)
+    } catch {
+      return 'data'
+    }
+    if (typeof chunk === 'object' && chunk !== null && 'error' in chunk) return 'error'
+    if (!isRolePreamble(chunk)) return 'data'
+  }
+  return undefined
+}
+
+/**
  * Relays D's SSE body chunk by chunk, without buffering beyond one frame. Bytes go out at
  * frame boundaries, so when D cuts a frame mid-way the client never sees the broken half:
  * the stream ends with a whole error event (and [DONE]) instead. D's own error events pass
@@ -48,16 +89,17 @@ export function hasErrorEvent(buf: Buffer): boolean {
 export function relaySse(body: Dispatcher.ResponseData['body'], hooks: RelayHooks): Readable {
   async function* frames(): AsyncGenerator<Buffer> {
     let pending: Buffer | undefined
-    let first = true
+    let judged = false
     let sawErrorEvent = false
     const out = (whole: Buffer): Buffer => {
-      const error = hasErrorEvent(whole)
-      sawErrorEvent ||= error
-      if (first) {
-        first = false
-        // Only the first frame counts here: an error after tokens is not a failed KV load.
-        const end = whole.indexOf('\n\n')
-        hooks.onFirstFrame(error && hasErrorEvent(end < 0 ? whole : whole.subarray(0, end + 2)) ? 'error' : 'data')
+      sawErrorEvent ||= hasErrorEvent(whole)
+      if (!judged) {
+        // Only the first telling frame counts: an error after tokens is not a failed KV load.
+        const verdict = firstVerdict(whole)
+        if (verdict) {
+          judged = true
+          hooks.onFirstFrame(verdict)
+        }
       }
       return whole
     }
@@ -69,6 +111,7 @@ export function relaySse(body: Dispatcher.ResponseData['body'], hooks: RelayHook
         if (cut > 0) yield out(cut === buf.length ? buf : buf.subarray(0, cut))
       }
       if (pending) yield out(pending)
+      if (!judged) hooks.onFirstFrame(sawErrorEvent ? 'error' : 'data')
       hooks.onEnd(sawErrorEvent ? 'error_event' : 'ok')
     } catch (err) {
       if (hooks.signal.aborted) return

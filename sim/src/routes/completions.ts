@@ -94,7 +94,7 @@ async function serve(ctx: SimContext, kind: Kind, request: FastifyRequest<{ Body
     done(false)
     if (isKvLoadFailure(err)) {
       ctx.requests.annotate(request.raw, { kvLoad: 'failed', kvLoadError: err.agentCode })
-      if (body.stream === true) return streamError(request, reply, err)
+      if (body.stream === true) return streamError(request, reply, err, kind, { id: responseId, model: config.model, created: Math.floor(ctx.clock.now() / 1000), n: typeof body.n === 'number' && body.n > 1 ? body.n : 1 })
     }
     throw err
   }
@@ -177,16 +177,31 @@ async function serve(ctx: SimContext, kind: Kind, request: FastifyRequest<{ Body
 /**
  * A streamed request that failed before its first token (a KV load failure under policy
  * `fail`): vLLM's streaming generators answer 200, then `data: {"error": {...}}` and
- * `data: [DONE]`, since a stream's status is sent before the engine has run.
+ * `data: [DONE]`, since a stream's status is sent before the engine has run. vLLM 0.32's chat
+ * generator sends each choice's role preamble first, on the engine's first output, which a
+ * failed load also produces: so a chat stream's error event is never its first frame.
  */
-function streamError(request: FastifyRequest, reply: FastifyReply, err: Error & { code: string }): FastifyReply {
+function streamError(
+  request: FastifyRequest,
+  reply: FastifyReply,
+  err: Error & { code: string },
+  kind: Kind,
+  head: { id: string; model: string; created: number; n: number },
+): FastifyReply {
   request.log.error({ err }, 'request failed')
   const error = { message: err.message, type: 'InternalServerError', param: null, code: err.code }
+  let preamble = ''
+  if (kind === 'chat') {
+    for (let index = 0; index < head.n; index++) {
+      const choices = [{ index, delta: { role: 'assistant', content: '' }, logprobs: null, finish_reason: null }]
+      preamble += `data: ${JSON.stringify({ id: head.id, object: 'chat.completion.chunk', created: head.created, model: head.model, choices })}\n\n`
+    }
+  }
   return reply
     .code(200)
     .header('content-type', 'text/event-stream')
     .header('cache-control', 'no-cache')
-    .send(`data: ${JSON.stringify({ error })}\n\ndata: [DONE]\n\n`)
+    .send(`${preamble}data: ${JSON.stringify({ error })}\n\ndata: [DONE]\n\n`)
 }
 
 /**

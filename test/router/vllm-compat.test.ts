@@ -95,3 +95,25 @@ t.test('item 7: engines started with --api-key: probes and model discovery send 
   t.equal(res.status, 200)
   t.equal((await post(`${url}/v1/completions`, { model: 'other', prompt: 'x' })).status, 404, 'an unknown model is refused now that models are known')
 })
+
+t.test('issue 19: a request D would refuse is refused before the prefill leg, with vLLM’s message', async (t) => {
+  const { p, d, url } = await pair(t, [])
+  const cases: [string, Record<string, unknown>, RegExp][] = [
+    ['/v1/completions', { prompt: 'opts', stream_options: { include_usage: true } }, /Stream options can only be defined when `stream=True`/],
+    ['/v1/chat/completions', { messages: [{ role: 'user', content: 'opts' }], stream_options: { include_usage: true }, stream: false }, /Stream options/],
+    ['/v1/completions', { prompt: 'plp', prompt_logprobs: 1, stream: true }, /`prompt_logprobs` are not available when `stream=True`/],
+    ['/v1/completions', { prompt: 'neg', logprobs: -2 }, /`logprobs` must be a positive value or -1/],
+    ['/v1/chat/completions', { messages: [{ role: 'user', content: 'tlp' }], top_logprobs: 'two' }, /`top_logprobs` must be an integer/],
+  ]
+  for (const [path, body, message] of cases) {
+    const routed = await post(`${url}${path}`, { model: MODEL, max_tokens: 2, ...body })
+    t.equal(routed.status, 400, `${path} ${JSON.stringify(body)}: 400`)
+    t.match(routed.json(), { error: { code: 'RTR_ERR_INVALID_REQUEST', message } })
+    const direct = await post(`${d.url}${path}`, { model: MODEL, max_tokens: 2, ...body })
+    t.equal(direct.status, 400, 'the simulator refuses it as vLLM does')
+    t.match(direct.text, message)
+  }
+  t.same(await completions(p), [], 'P never prefilled any of them')
+  const allowed = await post(`${url}/v1/completions`, { model: MODEL, prompt: 'fine', max_tokens: 2, stream: true, stream_options: { include_usage: true }, prompt_logprobs: 0 })
+  t.equal(allowed.status, 200, 'stream_options with stream, and prompt_logprobs 0 streamed, pass')
+})

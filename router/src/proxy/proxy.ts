@@ -1,6 +1,7 @@
 import { Readable } from 'node:stream'
 import type { FastifyReply, FastifyRequest } from 'fastify'
-import { errorEvent, isRouterError, RTR_ERR_INTERNAL, RTR_ERR_TOO_MANY_HANDOFFS, type CodedError, type RouterErrorCode } from '../errors.js'
+import { vllmRequestProblem } from '../../../common/vllm-request-rules.js'
+import { errorEvent, isRouterError, RTR_ERR_INTERNAL, RTR_ERR_INVALID_REQUEST, RTR_ERR_TOO_MANY_HANDOFFS, type CodedError, type RouterErrorCode } from '../errors.js'
 import { EngineErrorEvent, mergeCompletions, mergeStreams, SPLIT_MEMBERS, splitRequest, type SubRequest } from './batch.js'
 import { ClientGone, Exchange, type ExchangeDeps } from './exchange.js'
 import { HandoffRunner, type Answer, type HandoffDeps } from './handoff.js'
@@ -36,6 +37,9 @@ export class CompletionProxy {
     const ex = new Exchange(this.#deps, req.id, reply, req.log)
     const body = req.body as Body
     try {
+      // What D would refuse is refused before P spends a prefill and a lease on it.
+      const problem = vllmRequestProblem(body, path.endsWith('/chat/completions'))
+      if (problem) throw new RTR_ERR_INVALID_REQUEST(problem.message)
       // Every leg of every handoff is a view of this one body, serialised once (shared-body.ts).
       const root = new SharedBody(withoutClientParams(body), [...LEG_MEMBERS, ...SPLIT_MEMBERS]).view()
       const subs = splitRequest(body, path, root)

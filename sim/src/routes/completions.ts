@@ -1,10 +1,11 @@
 import { PassThrough } from 'node:stream'
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify'
 import { sleep } from '../../../common/timers.js'
+import { vllmRequestProblem } from '../../../common/vllm-request-rules.js'
 import type { ChatCompletionRequest, CompletionRequest, Usage } from '../../../schemas/openai.js'
 import type { SimContext } from '../context.js'
 import { isKvLoadFailure, type EngineResult } from '../engine.js'
-import { SIM_ERR_DUPLICATE_REQUEST_ID, SIM_ERR_INJECTED, SIM_ERR_MODEL_NOT_FOUND } from '../errors.js'
+import { SIM_ERR_BAD_REQUEST, SIM_ERR_DUPLICATE_REQUEST_ID, SIM_ERR_INJECTED, SIM_ERR_MODEL_NOT_FOUND } from '../errors.js'
 import { preparePrompt, specFromChat, specFromCompletion, type PromptSpec } from '../prompt.js'
 
 type Kind = 'completion' | 'chat'
@@ -53,6 +54,8 @@ async function serve(ctx: SimContext, kind: Kind, request: FastifyRequest<{ Body
   }
 
   if (body.model !== config.model) throw new SIM_ERR_MODEL_NOT_FOUND(body.model)
+  const problem = vllmRequestProblem(body, kind === 'chat')
+  if (problem) throw new SIM_ERR_BAD_REQUEST(problem.message)
   const input = preparePrompt(spec, { ...config, eosAfterTokens: ctx.faults.current.eosAfterTokens })
   const responseId = `${kind === 'chat' ? 'chatcmpl' : 'cmpl'}-${request.id}`
 

@@ -98,7 +98,7 @@ t.test('item 7: engines started with --api-key: probes and model discovery send 
 
 t.test('issue 19: a request D would refuse is refused before the prefill leg, with vLLM’s message', async (t) => {
   const { p, d, url } = await pair(t, [])
-  const cases: [string, Record<string, unknown>, RegExp][] = [
+  const cases: [string, { [k: string]: unknown }, RegExp][] = [
     ['/v1/completions', { prompt: 'opts', stream_options: { include_usage: true } }, /Stream options can only be defined when `stream=True`/],
     ['/v1/chat/completions', { messages: [{ role: 'user', content: 'opts' }], stream_options: { include_usage: true }, stream: false }, /Stream options/],
     ['/v1/completions', { prompt: 'plp', prompt_logprobs: 1, stream: true }, /`prompt_logprobs` are not available when `stream=True`/],
@@ -116,4 +116,23 @@ t.test('issue 19: a request D would refuse is refused before the prefill leg, wi
   t.same(await completions(p), [], 'P never prefilled any of them')
   const allowed = await post(`${url}/v1/completions`, { model: MODEL, prompt: 'fine', max_tokens: 2, stream: true, stream_options: { include_usage: true }, prompt_logprobs: 0 })
   t.equal(allowed.status, 200, 'stream_options with stream, and prompt_logprobs 0 streamed, pass')
+})
+
+t.test('issue 19: trace context and vLLM’s routing headers reach both legs; the client’s request id does not', async (t) => {
+  const { p, d, url } = await pair(t, [])
+  const sent = {
+    traceparent: '00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01',
+    tracestate: 'handoff=t61rcWkgMzE',
+    'x-session-id': 'session-7',
+    'x-vllm-priority': '3',
+    'x-data-parallel-rank': '1',
+    'x-request-id': 'client-id-9',
+  }
+  t.equal((await post(`${url}/v1/completions`, { model: MODEL, prompt: 'traced', max_tokens: 2 }, sent)).status, 200)
+  for (const [leg, sim] of [['P', p], ['D', d]] as const) {
+    const [r] = await completions(sim)
+    for (const h of ['traceparent', 'tracestate', 'x-session-id', 'x-vllm-priority'] as const) t.equal(r?.headers[h], sent[h], `${leg} got ${h}`)
+    t.notOk(r?.headers['x-data-parallel-rank'], `${leg} did not get the client's DP rank (P and D ranks differ)`)
+    t.not(r?.headers['x-request-id'], 'client-id-9', `${leg} got the handoff's own request id`)
+  }
 })

@@ -127,9 +127,13 @@ export class Exchange {
   #outcome: Outcome | undefined
   #settled = false
 
-  constructor(deps: ExchangeDeps, id: string, reply: FastifyReply, log: FastifyBaseLogger) {
+  /** Client headers every leg carries (legs.ts FORWARDED_HEADERS). */
+  readonly forwarded: Readonly<Record<string, string>>
+
+  constructor(deps: ExchangeDeps, id: string, reply: FastifyReply, log: FastifyBaseLogger, forwarded: Record<string, string> = {}) {
     this.deps = deps
     this.id = id
+    this.forwarded = forwarded
     this.log = log
     this.signal = this.#abort.signal
     this.started = deps.clock.monotonic()

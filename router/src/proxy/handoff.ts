@@ -68,7 +68,7 @@ export class HandoffRunner {
     const h = ex.handoff(this.#newId())
     const route = await this.#d.admission.admit({ model, signal: ex.signal, onMode: (m) => (ex.mode = m) })
     ex.hold(route)
-    if (route.mode === 'single') return this.#decode(ex, h, route, route.target, decodeView(body, undefined), path, this.#headers(h))
+    if (route.mode === 'single') return this.#decode(ex, h, route, route.target, decodeView(body, undefined), path, this.#headers(ex, h))
     return this.#pd(ex, h, route, body, path, this.#d.onLapsed === 'reprefill')
   }
 
@@ -79,7 +79,7 @@ export class HandoffRunner {
    */
   async #pd(ex: Exchange, h: Handoff, route: PdRoute, body: BodyView, path: string, mayReprefill: boolean): Promise<Answer> {
     const { clock, metrics } = this.#d
-    const headers = this.#headers(h)
+    const headers = this.#headers(ex, h)
     const started = clock.monotonic()
     const [pd, prefilled] = await this.#prefillWithRetry(ex, h, route, body, path, headers)
     const prefillDone = clock.monotonic()
@@ -119,8 +119,8 @@ export class HandoffRunner {
     return `hnd-${this.#d.random.hex(12)}`
   }
 
-  #headers(h: Handoff): Record<string, string> {
-    const headers: Record<string, string> = { 'content-type': JSON_TYPE, 'x-request-id': h.engineRequestId }
+  #headers(ex: Exchange, h: Handoff): Record<string, string> {
+    const headers: Record<string, string> = { ...ex.forwarded, 'content-type': JSON_TYPE, 'x-request-id': h.engineRequestId }
     if (this.#d.upstreamApiKey) headers.authorization = `Bearer ${this.#d.upstreamApiKey}`
     return headers
   }

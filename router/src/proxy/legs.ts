@@ -1,3 +1,4 @@
+import type { IncomingHttpHeaders } from 'node:http'
 import { PREFILL_REQUEST_PARAMS } from '../../../schemas/kv-transfer-params.js'
 import type { BodyView } from './shared-body.js'
 
@@ -71,4 +72,23 @@ export function withoutClientParams(body: Body): Body {
 /** Whether the client asked for a streamed answer. */
 export function wantsStream(body: Body): boolean {
   return body.stream === true
+}
+
+/**
+ * Client headers both legs carry as they came: W3C trace context (vLLM continues the trace
+ * with --otlp-traces-endpoint) and vLLM's per-request routing headers, session affinity and
+ * priority. Not X-data-parallel-rank: P and D are separate deployments whose DP ranks need
+ * not match. Not X-Request-Id: each handoff has its own engine request id.
+ */
+export const FORWARDED_HEADERS = ['traceparent', 'tracestate', 'x-session-id', 'x-vllm-priority'] as const
+
+/** The FORWARDED_HEADERS a client sent (the last value of a repeated one). */
+export function forwardedHeaders(headers: IncomingHttpHeaders): Record<string, string> {
+  const out: Record<string, string> = {}
+  for (const name of FORWARDED_HEADERS) {
+    const v = headers[name]
+    const value = Array.isArray(v) ? v.at(-1) : v
+    if (value !== undefined) out[name] = value
+  }
+  return out
 }

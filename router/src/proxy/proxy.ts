@@ -5,7 +5,7 @@ import { errorEvent, isRouterError, RTR_ERR_INTERNAL, RTR_ERR_INVALID_REQUEST, R
 import { EngineErrorEvent, mergeCompletions, mergeStreams, SPLIT_MEMBERS, splitRequest, type SubRequest } from './batch.js'
 import { ClientGone, Exchange, type ExchangeDeps } from './exchange.js'
 import { HandoffRunner, type Answer, type HandoffDeps } from './handoff.js'
-import { LEG_MEMBERS, wantsStream, withoutClientParams } from './legs.js'
+import { forwardedHeaders, LEG_MEMBERS, wantsStream, withoutClientParams } from './legs.js'
 import { SharedBody } from './shared-body.js'
 import { relaySse } from './relay.js'
 import { LegFailure } from './upstream.js'
@@ -34,7 +34,7 @@ export class CompletionProxy {
   }
 
   async handle(req: FastifyRequest, reply: FastifyReply, path: string): Promise<FastifyReply> {
-    const ex = new Exchange(this.#deps, req.id, reply, req.log)
+    const ex = new Exchange(this.#deps, req.id, reply, req.log, forwardedHeaders(req.headers))
     const body = req.body as Body
     try {
       // What D would refuse is refused before P spends a prefill and a lease on it.

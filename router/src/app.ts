@@ -223,7 +223,7 @@ export async function buildApp(deps: RouterDeps): Promise<FastifyInstance> {
   })
   // The planes (planes.ts), each with its listener and credential checked in its own scope.
   await app.register(dataPlane(config, async (v1) => {
-    await v1.register(modelRoutes, { registry, startedAt: clock.now() })
+    await v1.register(modelRoutes, { registry, startedAt: clock.now(), card: (model) => core.prober.card(model) })
     await v1.register(completionRoutes, { proxy })
   }, {}))
   // Writes the other routers must see are refused while the store cannot take them.

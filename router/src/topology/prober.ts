@@ -22,11 +22,14 @@ function connectionRefused(err: unknown): boolean {
   return false
 }
 
-function parseModels(text: string): string[] | undefined {
+/** An engine's model card as its /v1/models lists it (vLLM adds root, parent, max_model_len, permission). */
+export type ModelCard = { id: string } & Record<string, unknown>
+
+function parseModels(text: string): ModelCard[] | undefined {
   try {
-    const body = JSON.parse(text) as { data?: { id?: unknown }[] }
+    const body = JSON.parse(text) as { data?: unknown }
     if (!Array.isArray(body.data)) return undefined
-    return body.data.map((m) => m.id).filter((id): id is string => typeof id === 'string')
+    return body.data.filter((m): m is ModelCard => typeof m === 'object' && m !== null && typeof (m as { id?: unknown }).id === 'string')
   } catch {
     return undefined
   }
@@ -41,12 +44,19 @@ function parseModels(text: string): string[] | undefined {
  */
 export class Prober {
   readonly #o: ProberOptions
+  /** The last card an engine gave for each model, for the router's own /v1/models. */
+  readonly #cards = new Map<string, ModelCard>()
   #timer: ClockTimer | undefined
   #stopped = false
 
   constructor(opts: ProberOptions) {
     if (opts.intervalMs <= 0 || opts.timeoutMs <= 0) throw new RangeError('probe interval and timeout must be positive')
     this.#o = opts
+  }
+
+  /** The card an engine gave for `model`, if this router read one (a replica that never led the probes has none). */
+  card(model: string): ModelCard | undefined {
+    return this.#cards.get(model)
   }
 
   /** Probes every instance once; resolves when all answered or timed out. */
@@ -89,7 +99,9 @@ export class Prober {
       up = health.status === 200
       if (up && registry.needsModels(id)) {
         const res = await get(`${base}/v1/models`, timeoutMs)
-        if (res.status === 200) models = parseModels(res.text)
+        const cards = res.status === 200 ? parseModels(res.text) : undefined
+        for (const c of cards ?? []) this.#cards.set(c.id, c)
+        models = cards?.map((c) => c.id)
       }
     } catch (err) {
       // Nothing listens there: unlike a timeout (a frozen or busy engine), the process is gone.

@@ -19,7 +19,7 @@ export async function infoRoutes(app: FastifyInstance, ctx: SimContext): Promise
         id: ctx.config.model,
         object: 'model',
         created,
-        owned_by: 'handoff',
+        owned_by: 'vllm',
         root: ctx.config.model,
         parent: null,
         max_model_len: ctx.config.maxModelLen,

@@ -139,8 +139,8 @@ t.test('issue 19: trace context and vLLM’s routing headers reach both legs; th
 
 t.test('issue 19: /v1/models passes on the engines’ cards (max_model_len, root, parent)', async (t) => {
   const { p, url } = await pair(t, ['--max-model-len', '3000'], ['--max-model-len', '3000'], { probe: true })
-  const engine = (await get(`${p.url}/v1/models`)).json<{ data: Record<string, unknown>[] }>().data[0]
-  const routed = (await get(`${url}/v1/models`)).json<{ data: Record<string, unknown>[] }>().data
+  const engine = (await get(`${p.url}/v1/models`)).json<{ data: { [k: string]: unknown }[] }>().data[0]
+  const routed = (await get(`${url}/v1/models`)).json<{ data: { [k: string]: unknown }[] }>().data
   t.equal(routed.length, 1)
   t.match(routed[0], { id: MODEL, object: 'model', max_model_len: 3000, root: engine?.root, parent: engine?.parent ?? null }, 'the engine’s card')
 })

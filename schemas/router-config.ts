@@ -88,8 +88,12 @@ export const RouterConfig = Type.Object(
         connectMs: Type.Integer({ minimum: 1, default: 5000 }),
         // Waiting for P's whole answer (prefill of a long prompt).
         prefillMs: Type.Integer({ minimum: 1, default: 120000 }),
-        // Waiting for D's response headers.
+        // Waiting for D's response headers of a streamed answer (sent before generation starts).
         decodeHeadersMs: Type.Integer({ minimum: 1, default: 120000 }),
+        // Waiting for a non-streamed answer, whose head vLLM sends only when generation ends:
+        // the whole generation's bound, so generous (issue 19: a 120 s header deadline cut
+        // long non-streamed generations).
+        generationMs: Type.Integer({ minimum: 1, default: 3600000 }),
         // Longest silence between two body chunks of a streamed answer.
         idleMs: Type.Integer({ minimum: 1, default: 300000 }),
         // Idle upstream sockets are closed after this long. It must stay below the engine's own

@@ -14,6 +14,7 @@ import { LegFailure, type Upstream, type UpstreamAnswer, type UpstreamCall } fro
 export interface HandoffTimeouts {
   prefillMs: number
   decodeHeadersMs: number
+  generationMs: number
   idleMs: number
 }
 
@@ -135,7 +136,8 @@ export class HandoffRunner {
       payload,
       headers,
       signal: ex.signal,
-      headersTimeoutMs: this.#d.timeouts.decodeHeadersMs,
+      // A non-streamed answer's head comes only when generation ends.
+      headersTimeoutMs: body.get('stream') === true ? this.#d.timeouts.decodeHeadersMs : this.#d.timeouts.generationMs,
       bodyTimeoutMs: this.#d.timeouts.idleMs,
     })
     let c = call(d)

@@ -1,0 +1,41 @@
+import t from 'tap'
+import { post, startRouter, startSim } from '../helpers/cluster.js'
+
+/*
+ * Issue 19 §3: vLLM sends a non-streamed answer's head only when generation ends, so a
+ * header deadline is a bound on the whole generation. A long non-streamed generation must not
+ * be cut by timeouts.decodeHeadersMs (meant for a streamed head, which comes at once); it is
+ * bounded by timeouts.generationMs, which the operator sets.
+ */
+const MODEL = 'handoff/sim-1'
+
+async function cluster(t: Parameters<typeof startSim>[0], timeouts: Record<string, number>) {
+  const p = await startSim(t, ['--role', 'prefill'])
+  // 10 tokens at 150 ms each: the non-streamed head comes after about 1.5 s.
+  const d = await startSim(t, ['--role', 'decode', '--decode-delay-ms', '150'])
+  const { url } = await startRouter(
+    t,
+    [
+      { id: 'p0', role: 'prefill', url: p.url },
+      { id: 'd0', role: 'decode', url: d.url },
+    ],
+    { probe: false, timeouts },
+  )
+  return url
+}
+
+t.test('a non-streamed generation longer than decodeHeadersMs completes within generationMs', async (t) => {
+  const url = await cluster(t, { decodeHeadersMs: 400, generationMs: 20_000 })
+  const plain = await post(`${url}/v1/completions`, { model: MODEL, prompt: 'a long answer', max_tokens: 10 })
+  t.equal(plain.status, 200, 'not cut at the 400 ms header deadline')
+  t.equal(plain.json<{ usage: { completion_tokens: number } }>().usage.completion_tokens, 10)
+  const streamed = await post(`${url}/v1/completions`, { model: MODEL, prompt: 'a long stream', max_tokens: 10, stream: true })
+  t.equal(streamed.status, 200, 'a stream’s head comes at once')
+})
+
+t.test('generationMs bounds a non-streamed generation: 504, coded', async (t) => {
+  const url = await cluster(t, { decodeHeadersMs: 20_000, generationMs: 400 })
+  const res = await post(`${url}/v1/completions`, { model: MODEL, prompt: 'too long', max_tokens: 10 })
+  t.equal(res.status, 504)
+  t.match(res.json(), { error: { code: 'RTR_ERR_UPSTREAM_TIMEOUT' } })
+})

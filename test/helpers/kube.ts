@@ -1,13 +1,13 @@
 import { type ChildProcess, execFile, spawn, spawnSync } from 'node:child_process'
 import { existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
 import { tmpdir } from 'node:os'
-import { dirname, join, resolve } from 'node:path'
+import { join } from 'node:path'
 import { setTimeout as sleep } from 'node:timers/promises'
-import { fileURLToPath } from 'node:url'
 import { promisify } from 'node:util'
 import { Agent, request } from 'undici'
 import { freePort } from '../../common/ports.js'
 import type { Teardown } from './cluster.js'
+import { repoRoot, versionsFile } from './versions.js'
 
 /**
  * A real Kubernetes API server for tests (issue 11): Debian's etcd and a kube-apiserver built
@@ -18,20 +18,10 @@ import type { Teardown } from './cluster.js'
  */
 
 const ci = process.env.CI === 'true' || process.env.CI === '1'
-const root = resolve(dirname(fileURLToPath(import.meta.url)), '../..')
+const root = repoRoot
 const run = promisify(execFile)
 
-/** scripts/k8s-versions, the one place the versions are written. */
-function versions(): Record<string, string> {
-  const out: Record<string, string> = {}
-  for (const line of readFileSync(join(root, 'scripts/k8s-versions'), 'utf8').split('\n')) {
-    const m = /^([A-Z_]+)=(\S+)$/.exec(line.trim())
-    if (m?.[1] && m[2]) out[m[1]] = m[2]
-  }
-  return out
-}
-
-export const KUBE_VERSION = versions().KUBE_VERSION ?? 'unknown'
+export const KUBE_VERSION = versionsFile('k8s-versions').KUBE_VERSION ?? 'unknown'
 /** Where scripts/k8s-tools.sh leaves kube-apiserver, kubectl and helm. */
 export const kubeBinDir = join(root, '.cache/k8s', KUBE_VERSION)
 

@@ -1,0 +1,239 @@
+import t from 'tap'
+import { request } from 'undici'
+import { sseEvents, startRouter, streamedText } from '../helpers/cluster.js'
+import { MODEL, needVllm, startVllm, type VllmEngine } from '../helpers/vllm.js'
+
+/*
+ * Issue 19: the router in front of real vLLM 0.32 engines doing P/D over NIXL (CPU, UCX on
+ * loopback). Every answer through the router is compared with the same request sent straight
+ * to one engine with greedy decoding, and D's vllm:prompt_tokens_by_source_total proves the
+ * prompt's KV came over NIXL (external_kv_transfer), not from D computing it again.
+ *
+ * P doubles as the single-engine reference: a request without kv_transfer_params is served by
+ * a producer like any engine. Prompts are short (under vLLM's 128-token block), so no prefix
+ * cache on D can serve them: every handoff must pull.
+ */
+
+const skip = needVllm(t)
+const ADMIN = 'admin-token-vllm'
+// Engines start in 35-90 s; each first handoff handshakes (5-28 s).
+t.setTimeout(900_000)
+
+interface Answer {
+  status: number
+  text: string
+  json<T = Record<string, unknown>>(): T
+}
+
+async function call(url: string, path: string, body: unknown, headers: Record<string, string> = {}): Promise<Answer> {
+  const res = await request(`${url}${path}`, {
+    method: 'POST',
+    body: JSON.stringify(body),
+    headers: { 'content-type': 'application/json', ...headers },
+    headersTimeout: 120_000,
+    bodyTimeout: 120_000,
+  })
+  const text = await res.body.text()
+  return { status: res.statusCode, text, json: <T>() => JSON.parse(text) as T }
+}
+
+interface Choice {
+  index: number
+  text?: string
+  message?: { content?: string }
+  finish_reason?: string
+  logprobs?: unknown
+}
+
+const texts = (a: Answer): string[] => a.json<{ choices: Choice[] }>().choices.sort((x, y) => x.index - y.index).map((c) => c.text ?? c.message?.content ?? '')
+
+let n = 0
+/** A prompt no earlier case used (D's prefix cache must not serve it). */
+const prompt = (tag: string): string => `${tag} ${n++} the quick brown fox jumps over the lazy dog and the kv cache block lease`
+
+t.test('the router in front of real vLLM P/D', { skip }, async (t) => {
+  const [P, D] = (await startVllm(t, [{ role: 'prefill' }, { role: 'decode' }])) as [VllmEngine, VllmEngine]
+  const { url } = await startRouter(
+    t,
+    [
+      { id: 'p0', role: 'prefill', url: P.url },
+      { id: 'd0', role: 'decode', url: D.url },
+    ],
+    // A decode leg vLLM never answers (see the restart case) ends in 30 s, not the default 120 s.
+    {
+      adminToken: ADMIN,
+      timeouts: { decodeHeadersMs: 30_000 },
+      // Probes often enough that a restarted P is back in routing within seconds.
+      health: { intervalMs: 500, timeoutMs: 2000, unhealthyThreshold: 3, baseEjectionMs: 1000, maxEjectionMs: 2000 },
+    },
+  )
+
+  /** Sends `body` through the router and straight to P; returns both, and how many prompt tokens D pulled over NIXL meanwhile. */
+  const both = async (path: string, body: Record<string, unknown>): Promise<{ routed: Answer; direct: Answer; pulled: number; computed: number }> => {
+    const before = await D.promptTokens()
+    const started = performance.now()
+    const routed = await call(url, path, body)
+    const routedMs = performance.now() - started
+    const after = await D.promptTokens()
+    // One engine, one choice: greedy choices are all alike, and a producer refuses nothing.
+    const direct = await call(P.url, path, { ...body, n: 1 })
+    t.comment(`${path} ${JSON.stringify(body).slice(0, 60)}…: router ${Math.round(routedMs)} ms, direct ${Math.round(performance.now() - started - routedMs)} ms`)
+    const delta = (k: string): number => (after[k] ?? 0) - (before[k] ?? 0)
+    return { routed, direct, pulled: delta('external_kv_transfer'), computed: delta('local_compute') }
+  }
+
+  await t.test('warm-up: the first handoff handshakes D with P', async (t) => {
+    const started = performance.now()
+    const { routed, direct, pulled, computed } = await both('/v1/completions', { model: MODEL, prompt: prompt('warm'), max_tokens: 4, temperature: 0 })
+    t.comment(`first handoff ${Math.round(performance.now() - started)} ms`)
+    t.equal(routed.status, 200, 'answered 200', { body: routed.text.slice(0, 500) })
+    t.same(texts(routed), texts(direct), 'the same greedy text as one engine')
+    t.ok(pulled > 0, `D pulled ${pulled} prompt tokens over NIXL`)
+    t.equal(computed, 0, 'and computed none of the prompt itself')
+  })
+
+  await t.test('completions, JSON', async (t) => {
+    const { routed, direct, pulled, computed } = await both('/v1/completions', { model: MODEL, prompt: prompt('json'), max_tokens: 12, temperature: 0 })
+    t.equal(routed.status, 200, 'answered 200', { body: routed.text.slice(0, 500) })
+    t.same(texts(routed), texts(direct))
+    t.equal(routed.json<{ usage: { completion_tokens: number } }>().usage.completion_tokens, 12)
+    t.ok(pulled > 0 && computed === 0, `KV over NIXL (${pulled} pulled, ${computed} computed)`)
+  })
+
+  await t.test('completions, SSE with include_usage', async (t) => {
+    const body = { model: MODEL, prompt: prompt('sse'), max_tokens: 10, temperature: 0 }
+    const { routed, pulled } = await both('/v1/completions', { ...body, stream: true, stream_options: { include_usage: true } })
+    const direct = await call(P.url, '/v1/completions', body)
+    t.equal(routed.status, 200)
+    t.equal(streamedText(routed.text), texts(direct)[0], 'the streamed text is the greedy text')
+    const events = sseEvents(routed.text)
+    t.equal(events.at(-1), '[DONE]')
+    const usage = events.find((e) => e !== '[DONE]' && e.usage) as { usage: { completion_tokens: number; prompt_tokens: number } } | undefined
+    t.equal(usage?.usage.completion_tokens, 10, 'a usage chunk with the decode leg’s count')
+    t.ok(pulled > 0, `KV over NIXL (${pulled})`)
+  })
+
+  await t.test('chat completions, JSON and SSE', async (t) => {
+    const messages = [{ role: 'user', content: prompt('chat') }]
+    const { routed, direct, pulled } = await both('/v1/chat/completions', { model: MODEL, messages, max_tokens: 8, temperature: 0 })
+    t.equal(routed.status, 200, 'answered 200', { body: routed.text.slice(0, 500) })
+    t.same(texts(routed), texts(direct))
+    t.ok(pulled > 0, `KV over NIXL (${pulled})`)
+    const messages2 = [{ role: 'user', content: prompt('chat-sse') }]
+    const streamed = await both('/v1/chat/completions', { model: MODEL, messages: messages2, max_tokens: 8, temperature: 0, stream: true })
+    const reference = await call(P.url, '/v1/chat/completions', { model: MODEL, messages: messages2, max_tokens: 8, temperature: 0 })
+    t.equal(streamed.routed.status, 200)
+    t.equal(streamedText(streamed.routed.text), texts(reference)[0])
+    t.ok(streamed.pulled > 0, `KV over NIXL (${streamed.pulled})`)
+  })
+
+  await t.test('a batch of prompts: one handoff each, merged in order', async (t) => {
+    const prompts = [prompt('batch'), prompt('batch'), prompt('batch')]
+    const { routed, direct, pulled } = await both('/v1/completions', { model: MODEL, prompt: prompts, max_tokens: 6, temperature: 0 })
+    t.equal(routed.status, 200, 'answered 200', { body: routed.text.slice(0, 500) })
+    t.same(texts(routed), texts(direct))
+    t.equal(texts(routed).length, 3)
+    t.ok(pulled > 0, `KV over NIXL (${pulled})`)
+  })
+
+  await t.test('n > 1: each choice reads its own lease', async (t) => {
+    const body = { model: MODEL, prompt: prompt('n2'), max_tokens: 6, temperature: 0, n: 2 }
+    const { routed, direct, pulled } = await both('/v1/completions', body)
+    t.equal(routed.status, 200, 'answered 200', { body: routed.text.slice(0, 500) })
+    const one = texts(direct)[0]
+    t.same(texts(routed), [one, one], 'two greedy choices, each the one engine’s')
+    t.same(
+      routed.json<{ choices: Choice[] }>().choices.map((c) => c.index).sort(),
+      [0, 1],
+    )
+    t.ok(pulled > 0, `KV over NIXL (${pulled})`)
+    t.notMatch(P.tail(200), /Potentially invalid KV blocks/, 'P saw no read of freed blocks')
+  })
+
+  await t.test('refused before the prefill leg: what D would refuse never costs P a prefill', async (t) => {
+    const before = await P.promptTokens()
+    const body = { model: MODEL, prompt: prompt('refused'), max_tokens: 4, stream_options: { include_usage: true } }
+    const routed = await call(url, '/v1/completions', body)
+    const direct = await call(D.url, '/v1/completions', body)
+    t.equal(routed.status, 400, 'the router answers 400')
+    t.equal(direct.status, 400, 'as vLLM does')
+    const message = direct.json<{ error: { message: string } }>().error.message
+    t.match(routed.json<{ error: { message: string } }>().error.message, message.replace(/^.*(Stream options[^.]*\.).*$/s, '$1'), `with vLLM's message: ${message}`)
+    const after = await P.promptTokens()
+    t.same(after, before, 'P computed nothing for it')
+  })
+
+  await t.test('/v1/models: the engine’s card', async (t) => {
+    const res = await request(`${url}/v1/models`)
+    const card = ((await res.body.json()) as { data: Record<string, unknown>[] }).data[0]
+    const engine = ((await (await request(`${P.url}/v1/models`)).body.json()) as { data: Record<string, unknown>[] }).data[0]
+    t.match(card, { id: MODEL, max_model_len: 1024, root: engine?.root, owned_by: 'vllm' })
+  })
+
+  await t.test('stop, max_tokens 1, logprobs', async (t) => {
+    const p = prompt('stop')
+    const full = texts(await call(P.url, '/v1/completions', { model: MODEL, prompt: p, max_tokens: 8, temperature: 0 }))[0] as string
+    const stop = full.slice(3, 5)
+    const { routed, direct } = await both('/v1/completions', { model: MODEL, prompt: p, max_tokens: 8, temperature: 0, stop: [stop] })
+    t.equal(routed.status, 200, 'answered 200', { body: routed.text.slice(0, 500) })
+    t.same(texts(routed), texts(direct), `stopped at ${JSON.stringify(stop)}`)
+    t.equal(routed.json<{ choices: Choice[] }>().choices[0]?.finish_reason, 'stop')
+
+    const one = await both('/v1/completions', { model: MODEL, prompt: prompt('one'), max_tokens: 1, temperature: 0 })
+    t.equal(one.routed.status, 200, 'answered 200', { body: one.routed.text.slice(0, 500) })
+    t.same(texts(one.routed), texts(one.direct), 'max_tokens 1')
+
+    const lp = await both('/v1/completions', { model: MODEL, prompt: prompt('lp'), max_tokens: 4, temperature: 0, logprobs: 2 })
+    t.equal(lp.routed.status, 200, 'answered 200', { body: lp.routed.text.slice(0, 500) })
+    const tokens = (a: Answer): unknown => (a.json<{ choices: { logprobs: { tokens: string[] } }[] }>().choices[0]?.logprobs.tokens)
+    t.same(tokens(lp.routed), tokens(lp.direct), 'the same logprob tokens')
+  })
+
+  // Last: it replaces P. seed 004: vLLM gives the restarted engine a new engine_id at the same
+  // host:port, and D releases the old one's NIXL state once it handshakes with the new one.
+  // What the router owes: the new engine_id, peer_gone for the old one, no wrong text, and
+  // every request ended (200 or a coded error) in bounded time; all of that holds. What vLLM
+  // 0.32 did here fails the rest, so the case is a todo: in 3 runs D's worker stopped
+  // answering after P came back ("No available shared memory broadcast block found in 60
+  // seconds"; once after logging "Remote engine ... changed from X to Y"), and every decode
+  // leg timed out; in one run P reaped a lease first and D then read the freed blocks
+  // ("Potentially invalid KV blocks ... were retrieved by a decode worker"). docs/testing.md.
+  const todo = 'vLLM 0.32 on CPU: D stops serving P/D after P restarts at its address (docs/testing.md)'
+  await t.test('P restarted at the same address: the router learns the new engine_id and logs peer_gone; no wrong text, nothing hangs', { todo }, async (t) => {
+    const p0 = async (): Promise<{ engineId: string | null; state: string } | undefined> => {
+      const res = await request(`${url}/topology`, { headers: { authorization: `Bearer ${ADMIN}` } })
+      return ((await res.body.json()) as { instances: { id: string; engineId: string | null; state: string }[] }).instances.find((i) => i.id === 'p0')
+    }
+    const engineId = async (): Promise<string | null> => (await p0())?.engineId ?? null
+    const old = await engineId()
+    t.ok(old, `the router knows P's engine_id ${old}`)
+    await P.stop()
+    await P.launch()
+    // While P was refusing connections the router took it out of routing (D served alone);
+    // the cases below are about P/D, so they start once the probes put P back.
+    const back = Date.now() + 30_000
+    while (Date.now() < back && (await p0())?.state !== 'ready') await new Promise((r) => setTimeout(r, 200))
+    t.equal((await p0())?.state, 'ready', 'the restarted P is back in routing')
+    const seen: string[] = []
+    let wrong = 0
+    let pulled = 0
+    let computed = 0
+    for (let i = 0; i < 2; i++) {
+      const r = await both('/v1/completions', { model: MODEL, prompt: prompt('restart'), max_tokens: 6, temperature: 0 })
+      const code = r.routed.status === 200 ? '200' : `${r.routed.status} ${String((JSON.parse(r.routed.text) as { error?: { code?: string } }).error?.code)}`
+      seen.push(code)
+      if (r.routed.status === 200 && JSON.stringify(texts(r.routed)) !== JSON.stringify(texts(r.direct))) wrong++
+      if (r.routed.status !== 200) t.match(JSON.parse(r.routed.text), { error: { code: /^RTR_ERR_/ } }, `a failure is coded: ${code}`)
+      pulled += r.pulled
+      computed += r.computed
+    }
+    t.comment(`after the restart: ${seen.join(', ')}; D pulled ${pulled} prompt tokens over NIXL and computed ${computed} itself`)
+    t.equal(wrong, 0, 'no client got another request’s text')
+    t.ok(seen.includes('200'), 'requests are served after the restart')
+    t.ok(pulled > 0, 'and D read the new P’s KV over NIXL')
+    const fresh = await engineId()
+    t.ok(fresh && fresh !== old, `the router learned the new engine_id ${fresh}`)
+    const metrics = await (await request(`${url}/metrics`)).body.text()
+    t.match(metrics, /handoff_router_events_total\{type="peer_gone"\} 1/, 'and logged peer_gone for the old one')
+  })
+})

@@ -144,3 +144,21 @@ t.test('issue 19: /v1/models passes on the engines’ cards (max_model_len, root
   t.equal(routed.length, 1)
   t.match(routed[0], { id: MODEL, object: 'model', max_model_len: 3000, root: engine?.root, parent: engine?.parent ?? null }, 'the engine’s card')
 })
+
+t.test('issue 19: P’s prompt logprobs reach the client; D, which read the KV, has none of its own', async (t) => {
+  const { p, d, url } = await pair(t, [])
+  for (const [path, body, where] of [
+    ['/v1/completions', { prompt: 'the logprobs of a prompt' }, (j: { choices: { prompt_logprobs?: unknown }[]; prompt_logprobs?: unknown }) => j.choices[0]?.prompt_logprobs],
+    ['/v1/chat/completions', { messages: [{ role: 'user', content: 'the logprobs of a chat' }] }, (j: { choices: { prompt_logprobs?: unknown }[]; prompt_logprobs?: unknown }) => j.prompt_logprobs],
+  ] as const) {
+    const full = { model: MODEL, max_tokens: 3, prompt_logprobs: 1, ...body }
+    const routed = await post(`${url}${path}`, full)
+    t.equal(routed.status, 200)
+    const direct = await post(`${p.url}${path}`, full)
+    const expected = where(direct.json())
+    t.ok(Array.isArray(expected) && expected.length > 2, `one engine that computes the prompt gives its logprobs (${path})`)
+    t.same(where(routed.json()), expected, `the router's answer carries P's (${path})`)
+    const dLeg = (await completions(d)).filter((r) => r.path === path).at(-1)
+    t.ok(readKv(dLeg), 'D read the prompt’s KV from P (so its own answer had null)')
+  }
+})

@@ -187,6 +187,13 @@ t.test('the router in front of real vLLM P/D', { skip }, async (t) => {
     t.equal(lp.routed.status, 200, 'answered 200', { body: lp.routed.text.slice(0, 500) })
     const tokens = (a: Answer): unknown => (a.json<{ choices: { logprobs: { tokens: string[] } }[] }>().choices[0]?.logprobs.tokens)
     t.same(tokens(lp.routed), tokens(lp.direct), 'the same logprob tokens')
+
+    // D read the prompt's KV instead of computing it: only P has the prompt's logprobs.
+    const plp = await both('/v1/completions', { model: MODEL, prompt: prompt('plp'), max_tokens: 2, temperature: 0, prompt_logprobs: 1 })
+    t.equal(plp.routed.status, 200, 'answered 200', { body: plp.routed.text.slice(0, 500) })
+    const promptLp = (a: Answer): unknown => a.json<{ choices: { prompt_logprobs?: unknown }[] }>().choices[0]?.prompt_logprobs
+    t.ok(Array.isArray(promptLp(plp.direct)), 'one engine gives the prompt’s logprobs')
+    t.same(promptLp(plp.routed), promptLp(plp.direct), 'and so does the router, from P')
   })
 
   // Last: it replaces P. seed 004: vLLM gives the restarted engine a new engine_id at the same

@@ -8,6 +8,7 @@ import type { InstanceView, TopologyRegistry } from '../topology/registry.js'
 import type { Route } from '../topology/selection.js'
 import type { Exchange, Handoff } from './exchange.js'
 import { decodeView, prefillView } from './legs.js'
+import { prefillFacts, type PrefillFacts } from './prefill-facts.js'
 import type { BodyView } from './shared-body.js'
 import { LegFailure, type Upstream, type UpstreamAnswer, type UpstreamCall } from './upstream.js'
 
@@ -43,11 +44,11 @@ type Body = Record<string, unknown>
  * first, then an error event if the load failed), so its first frame judges the pair.
  */
 export type Answer =
-  | { kind: 'upstream'; handoff: Handoff; call: UpstreamCall; answer: UpstreamAnswer; pairVerdict?: (ok: boolean) => void }
+  | { kind: 'upstream'; handoff: Handoff; call: UpstreamCall; answer: UpstreamAnswer; pairVerdict?: (ok: boolean) => void; fromPrefill?: PrefillFacts }
   | { kind: 'engine-error'; handoff: Handoff; status: number; contentType: string; body: Buffer }
 
 type PdRoute = Route & { mode: 'pd' }
-type Prefilled = { params: Body | undefined } | { status: number; contentType: string; body: Buffer }
+type Prefilled = { params: Body | undefined; facts?: PrefillFacts | undefined } | { status: number; contentType: string; body: Buffer }
 
 const JSON_TYPE = 'application/json'
 
@@ -101,6 +102,7 @@ export class HandoffRunner {
       return this.#pd(ex, ex.handoff(this.#newId()), again, body, path, false)
     }
     const answer = await this.#decode(ex, h, pd, pd.decode, decodeView(body, prefilled.params), path, headers)
+    if (prefilled.facts && answer.kind === 'upstream') answer.fromPrefill = prefilled.facts
     metrics.handoffGap.observe((clock.monotonic() - prefillDone) / 1000)
     const pairs = this.#d.pairs
     if (prefilled.params && answer.kind === 'upstream' && pairs) {
@@ -222,7 +224,7 @@ export class HandoffRunner {
     // A new engine_id at a known address: the registry tells its subscribers the old one is gone.
     registry.observeEngineId(p.id, String(params.remote_engine_id))
     this.#d.engineAnswered?.(String(params.remote_engine_id))
-    return { params: params as Body }
+    return { params: params as Body, facts: prefillFacts(parsed, path.endsWith('/chat/completions')) }
   }
 
   #otherDecoder(ex: Exchange, route: Route, model: string, failed: InstanceView): InstanceView | undefined {

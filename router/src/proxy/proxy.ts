@@ -8,6 +8,7 @@ import { HandoffRunner, type Answer, type HandoffDeps } from './handoff.js'
 import { forwardedHeaders, LEG_MEMBERS, wantsStream, withoutClientParams } from './legs.js'
 import { SharedBody } from './shared-body.js'
 import { relaySse } from './relay.js'
+import { withPrefillFacts } from './prefill-facts.js'
 import { LegFailure } from './upstream.js'
 
 type Body = Record<string, unknown>
@@ -71,7 +72,7 @@ export class CompletionProxy {
     if (!stream || !contentType.startsWith('text/event-stream')) {
       const buf = await upstream.readAll(a.call, a.answer)
       a.handoff.done()
-      return reply.code(res.statusCode).type(contentType).send(buf)
+      return reply.code(res.statusCode).type(contentType).send(a.fromPrefill ? carryFacts(buf, a) : buf)
     }
     // Past this point the status is sent: a failure can only end the stream with an error event.
     const relay = relaySse(res.body, {
@@ -109,7 +110,8 @@ export class CompletionProxy {
           const buf = await upstream.readAll(a.call, a.answer)
           a.handoff.done()
           try {
-            return JSON.parse(buf.toString('utf8')) as Body
+            const parsed = JSON.parse(buf.toString('utf8')) as Body
+            return a.fromPrefill ? withPrefillFacts(parsed, a.fromPrefill, isChat(a)) : parsed
           } catch (err) {
             throw upstream.fail(a.call, { kind: 'bad-response', detail: 'answer is not JSON', cause: err })
           }
@@ -149,6 +151,21 @@ export class CompletionProxy {
     ex.outcome(mapped.code)
     throw mapped
   }
+}
+
+const isChat = (a: Answer & { kind: 'upstream' }): boolean => a.call.path.endsWith('/chat/completions')
+
+/** D's JSON answer with P's prompt facts (prefill-facts.ts); an answer that is not JSON goes on as it came. */
+function carryFacts(buf: Buffer, a: Answer & { kind: 'upstream' }): Buffer | string {
+  let parsed: unknown
+  try {
+    parsed = JSON.parse(buf.toString('utf8'))
+  } catch {
+    return buf
+  }
+  if (typeof parsed !== 'object' || parsed === null || !a.fromPrefill) return buf
+  // A string goes out as it is: the response schema would drop members it does not name.
+  return JSON.stringify(withPrefillFacts(parsed as Body, a.fromPrefill, isChat(a)))
 }
 
 /** Every sub-request's result; the first failure stops the other prompts' legs. */

@@ -6,6 +6,7 @@ import type { ChatCompletionRequest, CompletionRequest, Usage } from '../../../s
 import type { SimContext } from '../context.js'
 import { isKvLoadFailure, type EngineResult } from '../engine.js'
 import { SIM_ERR_BAD_REQUEST, SIM_ERR_DUPLICATE_REQUEST_ID, SIM_ERR_INJECTED, SIM_ERR_MODEL_NOT_FOUND } from '../errors.js'
+import { promptLogprobs } from '../prompt-logprobs.js'
 import { preparePrompt, specFromChat, specFromCompletion, type PromptSpec } from '../prompt.js'
 
 type Kind = 'completion' | 'chat'
@@ -154,14 +155,18 @@ async function serve(ctx: SimContext, kind: Kind, request: FastifyRequest<{ Body
     done(false)
     throw err
   }
+  // Asked for, prompt logprobs come from the engine that computed the prompt (prompt-logprobs.ts).
+  const asked = typeof (body as Record<string, unknown>).prompt_logprobs === 'number'
+  const prompt = asked ? (result.mode === 'remote-decode' ? null : promptLogprobs(input.tokens)) : undefined
   const payload = {
     ...head,
     object: kind === 'chat' ? 'chat.completion' : 'text_completion',
     choices: choices.map(({ output: { text, finishReason, stopReason } }, index) =>
       kind === 'chat'
         ? { index, message: { role: 'assistant', content: text }, logprobs: null, finish_reason: finishReason, stop_reason: stopReason }
-        : { index, text, logprobs: null, finish_reason: finishReason, stop_reason: stopReason },
+        : { index, text, logprobs: null, finish_reason: finishReason, stop_reason: stopReason, ...(asked ? { prompt_logprobs: prompt } : {}) },
     ),
+    ...(asked && kind === 'chat' ? { prompt_logprobs: prompt } : {}),
     usage,
     kv_transfer_params: result.kvTransferParams,
   }

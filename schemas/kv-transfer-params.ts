@@ -1,8 +1,8 @@
 import Type, { type Static } from 'typebox'
 
 /**
- * `kv_transfer_params` as a vLLM prefiller returns it (NixlPullConnector, connector v12) and
- * a decoder receives it. The router passes the object verbatim from P to D and never rebuilds
+ * `kv_transfer_params` as a vLLM prefiller returns it (NixlPullConnector; connector version 14
+ * in vLLM 0.32, tested against it in test/vllm/, and v12 before it) and a decoder receives it. The router passes the object verbatim from P to D and never rebuilds
  * it field by field, so unknown keys are allowed and kept; the schema only checks the fields
  * handoff itself reads.
  */
@@ -25,6 +25,8 @@ export const KvTransferParams = Type.Object(
     // Producer-clock deadline (agent mode); null on stock vLLM prefill answers.
     remote_blocks_expiry_time: Type.Optional(Type.Union([Type.Number(), Type.Null()])),
     transfer_mode: Type.Optional(Type.String()),
+    // Connector v14 (vLLM 0.32): how many of the prompt's tokens P found in its prefix cache.
+    remote_prefill_cached_tokens: Type.Optional(Type.Integer({ minimum: 0 })),
   },
   { $id: 'KvTransferParams', additionalProperties: true },
 )

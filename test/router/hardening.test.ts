@@ -111,7 +111,7 @@ t.test('a P that never finishes its answer is cut at prefillMs for the whole ans
       { id: 'p0', role: 'prefill', url: trickle },
       { id: 'd0', role: 'decode', url: d.url },
     ],
-    { probe: false, timeouts: { connectMs: 1000, prefillMs: 600, decodeHeadersMs: 5000, idleMs: 5000, upstreamKeepAliveMs: 4000 } },
+    { probe: false, timeouts: { connectMs: 1000, prefillMs: 600, decodeHeadersMs: 5000, generationMs: 5000, idleMs: 5000, upstreamKeepAliveMs: 4000 } },
   )
   const started = Date.now()
   const res = await post(`${url}/v1/completions`, { model: MODEL, prompt: 'x' })

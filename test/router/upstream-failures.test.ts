@@ -12,7 +12,7 @@ const instances = [
 // Short timeouts so stalls turn into 504s quickly; no probes, so health stays as configured.
 const { url, logs, app } = await startRouter(t, instances, {
   probe: false,
-  timeouts: { connectMs: 1000, prefillMs: 700, decodeHeadersMs: 700, idleMs: 700, upstreamKeepAliveMs: 4000 },
+  timeouts: { connectMs: 1000, prefillMs: 700, decodeHeadersMs: 700, generationMs: 700, idleMs: 700, upstreamKeepAliveMs: 4000 },
   health: { intervalMs: 5000, timeoutMs: 500, unhealthyThreshold: 1000, baseEjectionMs: 1000, maxEjectionMs: 1000 },
 })
 

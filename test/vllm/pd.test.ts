@@ -196,6 +196,58 @@ t.test('the router in front of real vLLM P/D', { skip }, async (t) => {
     t.same(promptLp(plp.routed), promptLp(plp.direct), 'and so does the router, from P')
   })
 
+  await t.test('a client that leaves mid-stream: D stops generating and frees its blocks', async (t) => {
+    const ac = new AbortController()
+    const res = await request(`${url}/v1/completions`, {
+      method: 'POST',
+      body: JSON.stringify({ model: MODEL, prompt: prompt('cancel'), max_tokens: 900, temperature: 0, ignore_eos: true, stream: true }),
+      headers: { 'content-type': 'application/json' },
+      signal: ac.signal,
+    })
+    t.equal(res.statusCode, 200)
+    const it = (res.body as AsyncIterable<Buffer>)[Symbol.asyncIterator]()
+    await it.next()
+    t.ok((await D.metric('vllm:num_requests_running')) >= 1, 'D is generating')
+    ac.abort()
+    const deadline = Date.now() + 10_000
+    while (Date.now() < deadline && (await D.metric('vllm:num_requests_running')) > 0) await new Promise((r) => setTimeout(r, 100))
+    t.equal(await D.metric('vllm:num_requests_running'), 0, 'D stopped the request')
+    t.equal(await D.metric('vllm:kv_cache_usage_perc'), 0, 'and holds no KV for it')
+    t.comment(`D's finished requests: ${JSON.stringify(await D.series('vllm:request_success_total'))}`)
+  })
+
+  await t.test('D killed mid-stream: the stream ends with a coded error event, nothing hangs; D comes back', async (t) => {
+    const res = await request(`${url}/v1/completions`, {
+      method: 'POST',
+      body: JSON.stringify({ model: MODEL, prompt: prompt('dkill'), max_tokens: 900, temperature: 0, ignore_eos: true, stream: true }),
+      headers: { 'content-type': 'application/json' },
+      bodyTimeout: 60_000,
+    })
+    t.equal(res.statusCode, 200)
+    let text = ''
+    let killed = false
+    for await (const chunk of res.body as AsyncIterable<Buffer>) {
+      text += chunk.toString()
+      if (!killed) {
+        killed = true
+        D.signal('SIGKILL')
+      }
+    }
+    const events = sseEvents(text.slice(0, text.lastIndexOf('\n\n') + 2))
+    t.equal(events.at(-1), '[DONE]', 'the stream ends')
+    t.match(events.at(-2), { error: { code: /^RTR_ERR_UPSTREAM_/ } }, 'after a coded error event')
+    await D.stop()
+    await D.launch()
+    const back = Date.now() + 30_000
+    let again: Answer | undefined
+    while (Date.now() < back) {
+      again = await call(url, '/v1/completions', { model: MODEL, prompt: prompt('dback'), max_tokens: 4, temperature: 0 })
+      if (again.status === 200) break
+      await new Promise((r) => setTimeout(r, 500))
+    }
+    t.equal(again?.status, 200, 'the restarted decoder serves again')
+  })
+
   // Last: it replaces P. seed 004: vLLM gives the restarted engine a new engine_id at the same
   // host:port, and D releases the old one's NIXL state once it handshakes with the new one.
   // What the router owes: the new engine_id, peer_gone for the old one, no wrong text, and

@@ -4,6 +4,8 @@ const benches: Record<string, () => Promise<(argv: string[]) => Promise<void>>> 
   nixl: async () => (await import('./nixl.js')).runNixlBench,
   agent: async () => (await import('./agent.js')).runAgentBench,
   events: async () => (await import('./events.js')).runEventsBench,
+  // The router against a direct two-leg client on real vLLM engines (issue 19).
+  real: async () => (await import('./real.js')).runRealBench,
   // Several routers on one Redis against one in memory (issue 10).
   routers: async () => (await import('./routers.js')).runRoutersBench,
   // Internal: the baseline proxy that `overhead` starts as a child process.

@@ -1,17 +1,51 @@
+import { readFileSync } from 'node:fs'
 import { createServer, type AddressInfo } from 'node:net'
+
+/** The kernel's ephemeral port range (outgoing connections' source ports). */
+function ephemeralRange(): [number, number] {
+  try {
+    const [low, high] = readFileSync('/proc/sys/net/ipv4/ip_local_port_range', 'utf8').trim().split(/\s+/).map(Number)
+    if (low && high && low <= high) return [low, high]
+  } catch {
+    // not Linux: IANA's range
+  }
+  return [49152, 65535]
+}
+
+/** Binds `port` on `host` and releases it: the port, or undefined when it is taken. */
+async function tryPort(port: number, host: string): Promise<number | undefined> {
+  const server = createServer()
+  const bound = await new Promise<boolean>((resolve) => {
+    server.once('error', () => resolve(false))
+    server.listen(port, host, () => resolve(true))
+  })
+  if (!bound) return undefined
+  const { port: got } = server.address() as AddressInfo
+  await new Promise<void>((resolve) => server.close(() => resolve()))
+  return got
+}
 
 /**
  * A TCP port free now on `host`: bound and released at once. Another process could take it
  * before the caller binds it; callers that must know a port before its server starts (an
  * agent told the router's URL before the router runs) accept that race and fail loudly on it.
+ *
+ * The port is picked below the ephemeral range. A client dialling a loopback port in that
+ * range where nothing listens yet (an agent retrying its router before the router is up) can
+ * be given that very port as its source port and connect to itself (TCP simultaneous open),
+ * and then holds the port: the router, started a moment later, failed with EADDRINUSE (a full
+ * run, test/scenarios/leases). Below the range no source port can collide.
  */
 export async function freePort(host = '127.0.0.1'): Promise<number> {
-  const server = createServer()
-  await new Promise<void>((resolve, reject) => {
-    server.once('error', reject)
-    server.listen(0, host, resolve)
-  })
-  const { port } = server.address() as AddressInfo
-  await new Promise<void>((resolve) => server.close(() => resolve()))
+  const [low] = ephemeralRange()
+  const floor = 10_000
+  if (low - floor > 1000) {
+    for (let i = 0; i < 50; i++) {
+      const port = await tryPort(floor + Math.floor(Math.random() * (low - floor)), host)
+      if (port !== undefined) return port
+    }
+  }
+  const port = await tryPort(0, host)
+  if (port === undefined) throw new Error(`no free port on ${host}`)
   return port
 }

@@ -252,13 +252,16 @@ t.test('the router in front of real vLLM P/D', { skip }, async (t) => {
   // host:port, and D releases the old one's NIXL state once it handshakes with the new one.
   // What the router owes: the new engine_id, peer_gone for the old one, no wrong text, and
   // every request ended (200 or a coded error) in bounded time; all of that holds. What vLLM
-  // 0.32 did here fails the rest, so the case is a todo: in 3 runs D's worker stopped
-  // answering after P came back ("No available shared memory broadcast block found in 60
-  // seconds"; once after logging "Remote engine ... changed from X to Y"), and every decode
-  // leg timed out; in one run P reaped a lease first and D then read the freed blocks
-  // ("Potentially invalid KV blocks ... were retrieved by a decode worker"). docs/testing.md.
-  const todo = 'vLLM 0.32 on CPU: D stops serving P/D after P restarts at its address (docs/testing.md)'
-  await t.test('P restarted at the same address: the router learns the new engine_id and logs peer_gone; no wrong text, nothing hangs', { todo }, async (t) => {
+  // 0.32 does here is not always what it should, so those assertions are todo: in 3 of 4 runs
+  // with a D that had served the old P for minutes, D's worker stopped answering after P came
+  // back ("No available shared memory broadcast block found in 60 seconds"; once after
+  // logging "Remote engine ... changed from X to Y") and every decode leg timed out; in one
+  // run P reaped a lease first and D then read the freed blocks ("Potentially invalid KV
+  // blocks ... were retrieved by a decode worker"). With the D restarted by the case above it
+  // passed (1 of 1). docs/testing.md.
+  await t.test('P restarted at the same address: the router learns the new engine_id and logs peer_gone; no wrong text, nothing hangs', async (t) => {
+    // Assertions about what vLLM does are todo (reported, not counted) until that is understood.
+    const todo = 'vLLM 0.32 on CPU: D stops serving P/D after P restarts at its address (docs/testing.md)'
     const p0 = async (): Promise<{ engineId: string | null; state: string } | undefined> => {
       const res = await request(`${url}/topology`, { headers: { authorization: `Bearer ${ADMIN}` } })
       return ((await res.body.json()) as { instances: { id: string; engineId: string | null; state: string }[] }).instances.find((i) => i.id === 'p0')
@@ -288,8 +291,8 @@ t.test('the router in front of real vLLM P/D', { skip }, async (t) => {
     }
     t.comment(`after the restart: ${seen.join(', ')}; D pulled ${pulled} prompt tokens over NIXL and computed ${computed} itself`)
     t.equal(wrong, 0, 'no client got another request’s text')
-    t.ok(seen.includes('200'), 'requests are served after the restart')
-    t.ok(pulled > 0, 'and D read the new P’s KV over NIXL')
+    t.ok(seen.includes('200'), 'requests are served after the restart', { todo })
+    t.ok(pulled > 0, 'and D read the new P’s KV over NIXL', { todo })
     const fresh = await engineId()
     t.ok(fresh && fresh !== old, `the router learned the new engine_id ${fresh}`)
     const metrics = await (await request(`${url}/metrics`)).body.text()

@@ -258,7 +258,7 @@ t.test('the router in front of real vLLM P/D', { skip }, async (t) => {
   // logging "Remote engine ... changed from X to Y") and every decode leg timed out; in one
   // run P reaped a lease first and D then read the freed blocks ("Potentially invalid KV
   // blocks ... were retrieved by a decode worker"). With the D restarted by the case above it
-  // passed (1 of 1). docs/testing.md.
+  // passed (4 of 4). docs/testing.md.
   await t.test('P restarted at the same address: the router learns the new engine_id and logs peer_gone; no wrong text, nothing hangs', async (t) => {
     // Assertions about what vLLM does are todo (reported, not counted) until that is understood.
     const todo = 'vLLM 0.32 on CPU: D stops serving P/D after P restarts at its address (docs/testing.md)'

@@ -9,6 +9,7 @@ import { freePort } from '../../common/ports.js'
 import type { Teardown } from './cluster.js'
 import { packageRoot } from '../../common/paths.js'
 import { versionsFile } from '../../common/versions.js'
+import { missing } from './need.js'
 
 /**
  * A real Kubernetes API server for tests (issue 11): Debian's etcd and a kube-apiserver built
@@ -18,7 +19,6 @@ import { versionsFile } from '../../common/versions.js'
  * write pod status (Ready, podIP) themselves, as a kubelet would.
  */
 
-const ci = process.env.CI === 'true' || process.env.CI === '1'
 const root = packageRoot
 const run = promisify(execFile)
 
@@ -32,18 +32,13 @@ export const kubeBinDir = join(root, '.cache/k8s', KUBE_VERSION)
  * a failure, never a skip.
  */
 export function needKube(t: { fail(message: string): void }, opts: { helm?: boolean } = {}): string | false {
-  const missing: string[] = []
-  if (spawnSync('etcd', ['--version'], { stdio: 'ignore' }).status !== 0) missing.push('etcd (apt-get install etcd-server)')
+  const absent: string[] = []
+  if (spawnSync('etcd', ['--version'], { stdio: 'ignore' }).status !== 0) absent.push('etcd (apt-get install etcd-server)')
   for (const bin of ['kube-apiserver', 'kubectl', ...(opts.helm ? ['helm'] : [])]) {
-    if (!existsSync(join(kubeBinDir, bin))) missing.push(join(kubeBinDir, bin))
+    if (!existsSync(join(kubeBinDir, bin))) absent.push(join(kubeBinDir, bin))
   }
-  if (missing.length === 0) return false
-  const reason = `${missing.join(', ')} not found: run scripts/k8s-tools.sh (builds kube-apiserver ${KUBE_VERSION}, minutes the first time)`
-  if (ci) {
-    t.fail(`${reason}; CI=true requires it`)
-    return false
-  }
-  return reason
+  if (absent.length === 0) return false
+  return missing(t, `${absent.join(', ')} not found: run scripts/k8s-tools.sh (builds kube-apiserver ${KUBE_VERSION}, minutes the first time)`)
 }
 
 /** Bearer tokens the API server accepts (its static token file). */

@@ -3,8 +3,7 @@ import { connect } from 'node:net'
 import { setTimeout as sleep } from 'node:timers/promises'
 import { freePort } from '../../common/ports.js'
 import type { Teardown } from './cluster.js'
-
-const ci = process.env.CI === 'true' || process.env.CI === '1'
+import { missing } from './need.js'
 
 /**
  * tap's `skip` for tests that need Redis: the reason on a machine without `redis-server`,
@@ -12,12 +11,7 @@ const ci = process.env.CI === 'true' || process.env.CI === '1'
  */
 export function needRedis(t: { fail(message: string): void }): string | false {
   if (spawnSync('redis-server', ['--version'], { stdio: 'ignore' }).status === 0) return false
-  const reason = 'redis-server not found (Debian: apt-get install redis-server)'
-  if (ci) {
-    t.fail(`${reason}; CI=true requires it`)
-    return false
-  }
-  return reason
+  return missing(t, 'redis-server not found (Debian: apt-get install redis-server)')
 }
 
 /**

@@ -46,3 +46,16 @@ export function percentile(sorted: readonly number[], p: number): number {
 export function mean(values: readonly number[]): number {
   return values.length ? values.reduce((a, b) => a + b, 0) / values.length : Number.NaN
 }
+
+/** Two loads as one: the rounds of one path, added up. */
+export function mergeLoads(a: LoadResult, b: LoadResult): LoadResult {
+  return { latenciesMs: [...a.latenciesMs, ...b.latenciesMs], errors: a.errors + b.errors, wallSeconds: a.wallSeconds + b.wallSeconds }
+}
+
+/** A flag's comma-separated positive numbers (`--concurrency 1,64`), or `fallback` when not given. */
+export function positiveList(value: string | undefined, fallback: number[]): number[] {
+  if (!value) return fallback
+  const out = value.split(',').map((v) => Number(v.trim()))
+  if (out.some((n) => !Number.isFinite(n) || n <= 0)) throw new Error(`bad list '${value}'`)
+  return out
+}

@@ -4,7 +4,7 @@ import { Agent, request } from 'undici'
 import { spawnService } from '../common/spawn.js'
 import { startBenchCluster } from './cluster.js'
 import { decodeBody, prefillBody } from '../router/src/proxy/legs.js'
-import { closedLoop, mean, percentile, type LoadResult } from './load.js'
+import { closedLoop, mean, mergeLoads, percentile, positiveList, type LoadResult } from './load.js'
 import { runOverload } from './overload.js'
 import { cpuSeconds, rssMiB } from './proc-stats.js'
 
@@ -54,17 +54,6 @@ interface Cell {
   routerRssMiB: number
 }
 
-function list(value: string | undefined, fallback: number[]): number[] {
-  if (!value) return fallback
-  const out = value.split(',').map((v) => Number(v.trim()))
-  if (out.some((n) => !Number.isFinite(n) || n <= 0)) throw new Error(`bad list '${value}'`)
-  return out
-}
-
-function merge(a: LoadResult, b: LoadResult): LoadResult {
-  return { latenciesMs: [...a.latenciesMs, ...b.latenciesMs], errors: a.errors + b.errors, wallSeconds: a.wallSeconds + b.wallSeconds }
-}
-
 export async function runOverheadBench(argv: string[]): Promise<void> {
   const { values } = parseArgs({
     args: argv,
@@ -90,8 +79,8 @@ export async function runOverheadBench(argv: string[]): Promise<void> {
     return
   }
   const quick = values.quick === true
-  const sizes = list(values.sizes, quick ? [200, 2048] : [200, 2048, 16384, 204800])
-  const concurrencies = list(values.concurrency, quick ? [1, 8] : [1, 64])
+  const sizes = positiveList(values.sizes, quick ? [200, 2048] : [200, 2048, 16384, 204800])
+  const concurrencies = positiveList(values.concurrency, quick ? [1, 8] : [1, 64])
   const seconds = Number(values.seconds ?? (quick ? 1 : 4))
   const maxRequests = Number(values.requests ?? (quick ? 200 : 4000))
   const rounds = Number(values.rounds ?? (quick ? 1 : 2))
@@ -164,19 +153,19 @@ async function runOverheadTable(o: { sizes: number[]; concurrencies: number[]; s
         let bareCpu = 0
         let enginesCpu = 0
         for (let r = 0; r < rounds; r++) {
-          d0 = merge(d0, (await measure(direct, [])).load)
+          d0 = mergeLoads(d0, (await measure(direct, [])).load)
           const b = await measure(viaBare, [barePid])
-          b0 = merge(b0, b.load)
+          b0 = mergeLoads(b0, b.load)
           bareCpu += b.cpu
           // Router and engines over the same loop: separate readings of one measurement.
           const before = cpuOf(enginePids)
           const rt = await measure(viaRouter, [routerPid])
-          r0 = merge(r0, rt.load)
+          r0 = mergeLoads(r0, rt.load)
           cpu += rt.cpu
           enginesCpu += cpuOf(enginePids) - before
           if (baselineRouter) {
             const bl = await measure(viaBaseline, [baselineRouter.child.pid as number])
-            base0 = merge(base0, bl.load)
+            base0 = mergeLoads(base0, bl.load)
             baselineCpu += bl.cpu
           }
         }

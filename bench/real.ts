@@ -3,7 +3,7 @@ import { parseArgs } from 'node:util'
 import { Agent, request } from 'undici'
 import { spawnService, type SpawnedService } from '../common/spawn.js'
 import { decodeBody, prefillBody } from '../router/src/proxy/legs.js'
-import { closedLoop, mean, percentile, type LoadResult } from './load.js'
+import { closedLoop, mean, mergeLoads, percentile, positiveList, type LoadResult } from './load.js'
 import { MODEL, VllmEngine } from './vllm-engine.js'
 
 const HELP = `usage: handoff bench real [--concurrency 1,4] [--seconds S] [--requests N] [--rounds R]
@@ -16,19 +16,6 @@ kv_transfer_params verbatim) and the router in front of the same engines. Prints
 table: latency p50/p99, throughput, and the router's added latency and throughput ratio.
 Progress goes to stderr. The engines start in 35-90 s.
 `
-
-function list(value: string | undefined, fallback: number[]): number[] {
-  if (!value) return fallback
-  const out = value.split(',').map((v) => Number(v.trim()))
-  if (out.some((n) => !Number.isFinite(n) || n <= 0)) throw new Error(`bad list '${value}'`)
-  return out
-}
-
-const merge = (a: LoadResult, b: LoadResult): LoadResult => ({
-  latenciesMs: [...a.latenciesMs, ...b.latenciesMs],
-  errors: a.errors + b.errors,
-  wallSeconds: a.wallSeconds + b.wallSeconds,
-})
 
 export async function runRealBench(argv: string[]): Promise<void> {
   const { values } = parseArgs({
@@ -46,7 +33,7 @@ export async function runRealBench(argv: string[]): Promise<void> {
     process.stdout.write(HELP)
     return
   }
-  const concurrencies = list(values.concurrency, [1, 4])
+  const concurrencies = positiveList(values.concurrency, [1, 4])
   const seconds = Number(values.seconds ?? 20)
   const maxRequests = Number(values.requests ?? 400)
   const rounds = Number(values.rounds ?? 2)
@@ -96,9 +83,9 @@ export async function runRealBench(argv: string[]): Promise<void> {
       for (let r = 0; r < rounds; r++) {
         const loop = { concurrency, maxRequests, maxSeconds: seconds }
         say(`c=${concurrency} round ${r + 1}/${rounds}: direct`)
-        dr = merge(dr, await closedLoop({ ...loop, send: direct }))
+        dr = mergeLoads(dr, await closedLoop({ ...loop, send: direct }))
         say(`c=${concurrency} round ${r + 1}/${rounds}: router`)
-        rr = merge(rr, await closedLoop({ ...loop, send: viaRouter }))
+        rr = mergeLoads(rr, await closedLoop({ ...loop, send: viaRouter }))
       }
       const stats = (l: LoadResult): { p50: number; p99: number; mean: number; rps: number } => {
         const s = [...l.latenciesMs].sort((a, b) => a - b)

@@ -7,7 +7,7 @@ import type { RouterMetrics } from '../metrics.js'
 import type { InstanceView, TopologyRegistry } from '../topology/registry.js'
 import type { Route } from '../topology/selection.js'
 import type { Exchange, Handoff } from './exchange.js'
-import { decodeView, prefillView } from './legs.js'
+import { decodeView, isChatPath, prefillView } from './legs.js'
 import { prefillFacts, type PrefillFacts } from './prefill-facts.js'
 import type { BodyView } from './shared-body.js'
 import { LegFailure, type Upstream, type UpstreamAnswer, type UpstreamCall } from './upstream.js'
@@ -224,7 +224,7 @@ export class HandoffRunner {
     // A new engine_id at a known address: the registry tells its subscribers the old one is gone.
     registry.observeEngineId(p.id, String(params.remote_engine_id))
     this.#d.engineAnswered?.(String(params.remote_engine_id))
-    return { params: params as Body, facts: prefillFacts(parsed, path.endsWith('/chat/completions')) }
+    return { params: params as Body, facts: prefillFacts(parsed, isChatPath(path)) }
   }
 
   #otherDecoder(ex: Exchange, route: Route, model: string, failed: InstanceView): InstanceView | undefined {

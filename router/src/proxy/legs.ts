@@ -69,6 +69,11 @@ export function withoutClientParams(body: Body): Body {
   return rest
 }
 
+/** Whether a route is the chat API (its request and answer shapes differ from completions'). */
+export function isChatPath(path: string): boolean {
+  return path.endsWith('/chat/completions')
+}
+
 /** Whether the client asked for a streamed answer. */
 export function wantsStream(body: Body): boolean {
   return body.stream === true

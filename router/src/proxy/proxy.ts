@@ -5,7 +5,7 @@ import { errorEvent, isRouterError, RTR_ERR_INTERNAL, RTR_ERR_INVALID_REQUEST, R
 import { EngineErrorEvent, mergeCompletions, mergeStreams, SPLIT_MEMBERS, splitRequest, type SubRequest } from './batch.js'
 import { ClientGone, Exchange, type ExchangeDeps } from './exchange.js'
 import { HandoffRunner, type Answer, type HandoffDeps } from './handoff.js'
-import { forwardedHeaders, LEG_MEMBERS, wantsStream, withoutClientParams } from './legs.js'
+import { forwardedHeaders, isChatPath, LEG_MEMBERS, wantsStream, withoutClientParams } from './legs.js'
 import { SharedBody } from './shared-body.js'
 import { relaySse } from './relay.js'
 import { withPrefillFacts } from './prefill-facts.js'
@@ -39,7 +39,7 @@ export class CompletionProxy {
     const body = req.body as Body
     try {
       // What D would refuse is refused before P spends a prefill and a lease on it.
-      const problem = vllmRequestProblem(body, path.endsWith('/chat/completions'))
+      const problem = vllmRequestProblem(body, isChatPath(path))
       if (problem) throw new RTR_ERR_INVALID_REQUEST(problem.message)
       // Every leg of every handoff is a view of this one body, serialised once (shared-body.ts).
       const root = new SharedBody(withoutClientParams(body), [...LEG_MEMBERS, ...SPLIT_MEMBERS]).view()
@@ -153,7 +153,7 @@ export class CompletionProxy {
   }
 }
 
-const isChat = (a: Answer & { kind: 'upstream' }): boolean => a.call.path.endsWith('/chat/completions')
+const isChat = (a: Answer & { kind: 'upstream' }): boolean => isChatPath(a.call.path)
 
 /** D's JSON answer with P's prompt facts (prefill-facts.ts); an answer that is not JSON goes on as it came. */
 function carryFacts(buf: Buffer, a: Answer & { kind: 'upstream' }): Buffer | string {

@@ -22,22 +22,17 @@ export const vllmDir = join(packageRoot, '.cache/vllm', VLLM_VERSION)
 const python = join(vllmDir, 'venv/bin/python')
 export const MODEL = 'tiny'
 
-export type VllmRole = 'prefill' | 'decode' | 'plain'
+export type VllmRole = 'prefill' | 'decode'
 
 export interface VllmOptions {
   role: VllmRole
-  /** Shown in logs and failures; default the role. */
-  name?: string
   /** kv_connector_extra_config.kv_lease_duration (vLLM's default 30 s). */
   leaseSeconds?: number
-  /** Reuse an address (a restart at the same host:port). */
-  port?: number
-  sidePort?: number
 }
 
 let nextCore = 0
 
-const KV_ROLE: Record<VllmRole, string | undefined> = { prefill: 'kv_producer', decode: 'kv_consumer', plain: undefined }
+const KV_ROLE: Record<VllmRole, string> = { prefill: 'kv_producer', decode: 'kv_consumer' }
 
 /** One `vllm.entrypoints.openai.api_server` process group. */
 export class VllmEngine {
@@ -49,7 +44,7 @@ export class VllmEngine {
     readonly sidePort: number,
     dir: string,
   ) {
-    this.logFile = join(dir, `${opts.name ?? opts.role}.log`)
+    this.logFile = join(dir, `${opts.role}.log`)
   }
 
   get url(): string {
@@ -57,7 +52,7 @@ export class VllmEngine {
   }
 
   get name(): string {
-    return this.opts.name ?? this.opts.role
+    return this.opts.role
   }
 
   /**
@@ -66,7 +61,7 @@ export class VllmEngine {
    */
   static async start(opts: VllmOptions, onStop: (stop: () => Promise<void>) => void): Promise<VllmEngine> {
     const dir = mkdtempSync(join(tmpdir(), 'handoff-vllm-'))
-    const e = new VllmEngine(opts, opts.port ?? (await freePort()), opts.sidePort ?? (await freePort()), dir)
+    const e = new VllmEngine(opts, await freePort(), await freePort(), dir)
     onStop(async () => {
       await e.stop()
       // HANDOFF_KEEP_VLLM_LOGS=1 keeps the engines' logs for a look after the run.
@@ -79,13 +74,11 @@ export class VllmEngine {
 
   /** (Re)starts the process at this engine's ports: a restart gets a new engine_id. */
   async launch(): Promise<void> {
-    const kvRole = KV_ROLE[this.opts.role]
+    const extra = this.opts.leaseSeconds ? { kv_lease_duration: this.opts.leaseSeconds } : {}
+    const kv = { kv_connector: 'NixlConnector', kv_role: KV_ROLE[this.opts.role], kv_buffer_device: 'cpu', kv_connector_extra_config: extra }
     const args = ['-m', 'vllm.entrypoints.openai.api_server', '--model', join(vllmDir, 'tiny-llama'), '--served-model-name', MODEL]
     args.push('--host', '127.0.0.1', '--port', String(this.port), '--dtype', 'float32', '--max-model-len', '1024', '--enforce-eager')
-    if (kvRole) {
-      const extra = this.opts.leaseSeconds ? { kv_lease_duration: this.opts.leaseSeconds } : {}
-      args.push('--kv-transfer-config', JSON.stringify({ kv_connector: 'NixlConnector', kv_role: kvRole, kv_buffer_device: 'cpu', kv_connector_extra_config: extra }))
-    }
+    args.push('--kv-transfer-config', JSON.stringify(kv))
     const env = {
       ...process.env,
       HF_HUB_OFFLINE: '1',

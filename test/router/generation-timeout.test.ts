@@ -11,8 +11,8 @@ const MODEL = 'handoff/sim-1'
 
 async function cluster(t: Parameters<typeof startSim>[0], timeouts: Record<string, number>) {
   const p = await startSim(t, ['--role', 'prefill'])
-  // 10 tokens at 150 ms each: the non-streamed head comes after about 1.5 s.
-  const d = await startSim(t, ['--role', 'decode', '--decode-delay-ms', '150'])
+  // 10 tokens at 300 ms each: the non-streamed head comes after 2.7 s at the earliest.
+  const d = await startSim(t, ['--role', 'decode', '--decode-delay-ms', '300'])
   const { url } = await startRouter(
     t,
     [
@@ -25,9 +25,10 @@ async function cluster(t: Parameters<typeof startSim>[0], timeouts: Record<strin
 }
 
 t.test('a non-streamed generation longer than decodeHeadersMs completes within generationMs', async (t) => {
-  const url = await cluster(t, { decodeHeadersMs: 400, generationMs: 20_000 })
+  // 2 s: shorter than the non-streamed generation, long enough for a stream's head on a loaded machine.
+  const url = await cluster(t, { decodeHeadersMs: 2000, generationMs: 20_000 })
   const plain = await post(`${url}/v1/completions`, { model: MODEL, prompt: 'a long answer', max_tokens: 10 })
-  t.equal(plain.status, 200, 'not cut at the 400 ms header deadline')
+  t.equal(plain.status, 200, 'not cut at the 2 s header deadline')
   t.equal(plain.json<{ usage: { completion_tokens: number } }>().usage.completion_tokens, 10)
   const streamed = await post(`${url}/v1/completions`, { model: MODEL, prompt: 'a long stream', max_tokens: 10, stream: true })
   t.equal(streamed.status, 200, 'a stream’s head comes at once')

@@ -201,6 +201,15 @@ export const RouterConfig = Type.Object(
         leaseSeconds: Type.Number({ exclusiveMinimum: 0, default: 30 }),
         marginMs: Type.Integer({ minimum: 0, default: 1000 }),
         onLapsed: Type.Union([Type.Literal('reprefill'), Type.Literal('fail')], { default: 'reprefill' }),
+        // Who checks D's read against the lease. `router`: D's answer is passed on only if
+        // its first token came before the lease's expiry minus marginMs (stock vLLM in pull
+        // mode reads P's blocks whenever it gets to them, even after P reaped and reused
+        // them); the decode leg is then streamed from D so that token is seen (a non-streamed
+        // answer is assembled by the router). `engine`: the decoder checks each read itself
+        // (its handoff transfer agent does, before the READ and when it completes). `auto`:
+        // `engine` for a decoder with a transfer agent registered with agentToken, `router` for
+        // the others (and for all of them while agentToken is unset).
+        readCheck: Type.Union([Type.Literal('auto'), Type.Literal('router'), Type.Literal('engine')], { default: 'auto' }),
         // Ended leases stay listed this long; the cap bounds memory whatever the rate.
         retentionMs: Type.Integer({ minimum: 0, default: 60000 }),
         maxEntries: Type.Integer({ minimum: 1, default: 100000 }),

@@ -138,6 +138,7 @@ export async function openCore(config: RouterConfig, opts: CoreOptions): Promise
     random,
     timeouts: config.timeouts,
     onLapsed: config.leases.onLapsed,
+    ...(config.leases.readCheck !== 'engine' ? { readWithinMs: readDeadline(config, agents) } : {}),
     maxHandoffsPerRequest: config.limits.maxHandoffsPerRequest,
     engineAnswered: (engineId) => events.engineAnswered(engineId),
     pairs,
@@ -189,6 +190,20 @@ export async function openCore(config: RouterConfig, opts: CoreOptions): Promise
       await store.close()
     },
   }
+}
+
+/**
+ * leases.readCheck: how soon after P's answer a decoder's first token must come when the
+ * router checks its reads; undefined for one that checks them itself (`auto`: one with a
+ * registered transfer agent). Registrations count only when agents must prove the agent
+ * token: on an open agent plane anyone could register an "agent" for a stock decoder and so
+ * switch the router's check off.
+ */
+function readDeadline(config: RouterConfig, agents: AgentDirectory): (decode: string) => number | undefined {
+  const { leases } = config
+  const within = leases.leaseSeconds * 1000 - leases.marginMs
+  if (leases.readCheck === 'router' || config.agentToken === undefined) return () => within
+  return (decode) => (agents.hasInstance(decode) ? undefined : within)
 }
 
 function upstreamAgent(config: RouterConfig): Agent {

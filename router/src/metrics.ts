@@ -95,6 +95,11 @@ export function createRouterMetrics() {
       labelNames: ['leg', 'code'] as const,
       registers,
     }),
+    lateReads: new Counter({
+      name: 'handoff_router_late_reads_total',
+      help: "Decode answers whose first token came after the lease's expiry minus the margin (leases.readCheck router): withheld, since D's read may have found reused blocks",
+      registers,
+    }),
     handoffsWithoutParams: new Counter({
       name: 'handoff_router_prefill_without_params_total',
       help: 'Prefill answers without usable kv_transfer_params (D then prefilled locally)',

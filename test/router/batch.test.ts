@@ -1,5 +1,6 @@
 import t from 'tap'
-import { splitRequest } from '../../router/src/proxy/batch.js'
+import { Readable } from 'node:stream'
+import { mergeStreams, splitRequest } from '../../router/src/proxy/batch.js'
 import { get, post, simRequests, sseEvents, startRouter, startSim } from '../helpers/cluster.js'
 
 // Issue 6 item 4: vLLM returns kv_transfer_params for a batch's first prompt only, so the
@@ -142,4 +143,19 @@ t.test('a request that fans out past limits.maxHandoffsPerRequest is refused bef
   t.match(res.json(), { error: { code: 'RTR_ERR_TOO_MANY_HANDOFFS', message: /needs 6 handoffs .* \(4\)/ } })
   t.same(await simRequests(p), [], 'no prefill was spent')
   t.equal((await post(`${r.url}/v1/completions`, { model: MODEL, prompt: ['a', 'b'], n: 2, max_tokens: 2 })).status, 200, 'at the limit: served')
+})
+
+t.test('mergeStreams: a character whose bytes arrive in two reads is whole in the merged stream', async (t) => {
+  const subs = splitRequest({ model: MODEL, prompt: ['a', 'b'] }, '/v1/completions') ?? []
+  const frame = (text: string) => Buffer.from(`data: ${JSON.stringify({ id: 'x', object: 'text_completion', choices: [{ index: 0, text, finish_reason: null }] })}\n\n`)
+  const split = (buf: Buffer, at: number) => Readable.from([buf.subarray(0, at), buf.subarray(at)])
+  const euro = frame('€ sign')
+  // Cut inside the three bytes of €.
+  const at = euro.indexOf(Buffer.from('€')) + 1
+  let out = ''
+  for await (const s of mergeStreams({ model: MODEL }, subs, [split(euro, at), Readable.from([frame('ö')])])) out += s
+  const texts = sseEvents(out)
+    .filter((e): e is Record<string, unknown> => e !== '[DONE]')
+    .map((e) => (e.choices as Choice[])[0]?.text)
+  t.same(texts.sort(), ['ö', '€ sign'].sort())
 })

@@ -13,13 +13,14 @@ import { get, post, simRequests, startRouter, startSim, waitFor } from '../helpe
  * released to P's agent at once; one D was sent is never released by the router (issue 17):
  * a client leaving or a decoder deregistered leaves it to P. A lapse needs time to pass between P's answer and
  * D's leg, which a healthy loopback never gives: the tests backdate the issue time the
- * router records (as a P whose answer reached the router late would).
+ * router records (as a P whose answer reached the router late would). The decoders here
+ * answer whole (leases.readCheck engine): the router's own read check is read-check.test.ts.
  */
 const ADMIN = 'admin-token-123'
 const auth = { authorization: `Bearer ${ADMIN}` }
 const MODEL = 'handoff/sim-1'
 const body = { model: MODEL, prompt: 'The quick brown fox jumps over the lazy dog', max_tokens: 6 }
-const leases = (o: Partial<RouterConfig['leases']> = {}): RouterConfig['leases'] => ({ leaseSeconds: 30, marginMs: 1000, onLapsed: 'reprefill', retentionMs: 60_000, maxEntries: 1000, ...o })
+const leases = (o: Partial<RouterConfig['leases']> = {}): RouterConfig['leases'] => ({ leaseSeconds: 30, marginMs: 1000, onLapsed: 'reprefill', readCheck: 'engine', retentionMs: 60_000, maxEntries: 1000, ...o })
 
 const p = await startSim(t, ['--role', 'prefill', '--engine-id', 'eng-p0'])
 // D holds a non-streamed answer for 12 × 150 ms: a window between the legs for the cancel test.

@@ -1,5 +1,6 @@
 import t from 'tap'
 import { prefillFacts, withPrefillFacts } from '../../router/src/proxy/prefill-facts.js'
+import { withUsageFacts } from '../../router/src/proxy/relay.js'
 
 const logprobs = [null, { '7': { logprob: -1.5, rank: 1, decoded_token: 'a' } }]
 
@@ -25,4 +26,19 @@ t.test('nothing to carry: undefined, and D’s answer is left alone', async (t) 
   t.equal(prefillFacts({ choices: [] }, true), undefined)
   const d = { choices: [{ index: 0 }], usage: null }
   t.same(withPrefillFacts(d, { cachedTokens: 3 }, false), { choices: [{ index: 0 }], usage: null }, 'no usage to put it in')
+})
+
+t.test('a stream: the usage chunk gets P’s cached-token count, other frames go out as they came', async (t) => {
+  const frames = Buffer.from(
+    'data: {"id":"c","choices":[{"index":0,"text":"a"}]}\n\n' +
+      'data: {"id":"c","choices":[],"usage":{"prompt_tokens":9,"completion_tokens":2,"total_tokens":11,"prompt_tokens_details":{"cached_tokens":0}}}\n\n' +
+      'data: [DONE]\n\n',
+  )
+  const out = withUsageFacts(frames, { cachedTokens: 7, promptLogprobs: [null] }, false).toString()
+  const events = out.split('\n\n').filter(Boolean)
+  t.equal(events[0], 'data: {"id":"c","choices":[{"index":0,"text":"a"}]}', 'a token frame is untouched')
+  t.same(JSON.parse((events[1] as string).slice(6)).usage, { prompt_tokens: 9, completion_tokens: 2, total_tokens: 11, prompt_tokens_details: { cached_tokens: 7 } })
+  t.equal(events[2], 'data: [DONE]')
+  const none = Buffer.from('data: {"id":"c","choices":[{"index":0,"text":"a"}],"usage":null}\n\n')
+  t.equal(withUsageFacts(none, { cachedTokens: 7 }, false), none, 'no usage object: the same buffer')
 })

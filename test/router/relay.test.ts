@@ -23,7 +23,10 @@ async function relayed(chunks: string[]): Promise<{ out: string; first: string[]
   const body = Readable.from(chunks.map((c) => Buffer.from(c))) as unknown as Parameters<typeof relaySse>[0]
   const stream = relaySse(body, {
     signal: new AbortController().signal,
-    onFirstFrame: (kind) => first.push(kind),
+    onFirstFrame: (kind) => {
+      first.push(kind)
+      return undefined
+    },
     onEnd: (r) => end.push(r),
     mapError: () => {
       throw new Error('no transport failure in these cases')

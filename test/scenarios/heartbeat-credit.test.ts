@@ -23,7 +23,8 @@ for (const announce of [true, false]) {
       leaseSeconds: LEASE_S,
       simArgs: ['--kv-load-failure-policy', 'fail', '--decode-queue-ms', '6500', ...(announce ? [] : ['--skip-pull-expectations'])],
     })
-    const router = await startRouterProcess(t, [prefill, decode], { leases: { leaseSeconds: LEASE_S } })
+    // The agents check every read themselves (and do not register with this router).
+    const router = await startRouterProcess(t, [prefill, decode], { leases: { leaseSeconds: LEASE_S, readCheck: 'engine' } })
     const outcomes = await Promise.all([0, 1, 2].map((i) => complete(router.url, completionBody(i, announce ? 'credit' : 'nocredit'), i, 60_000)))
     const s = tally(outcomes)
     t.comment(`wrong text: ${s.wrong} of ${s.requests} (${s.ok} oracle text, ${s.failed} failed ${JSON.stringify(s.codes)}); waited ${outcomes.map((o) => Math.round(o.ms)).join(', ')} ms`)

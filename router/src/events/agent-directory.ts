@@ -129,6 +129,12 @@ export class AgentDirectory {
     return this.all().filter((a) => a.engineId === engineId)
   }
 
+  /** Whether an agent runs instance `instanceId`'s engine (on the request path: no array is built). */
+  hasInstance(instanceId: string): boolean {
+    for (const a of this.#agents.values()) if (a.instanceId === instanceId) return true
+    return false
+  }
+
   byInstance(instanceId: string): AgentRecord[] {
     return this.all().filter((a) => a.instanceId === instanceId)
   }

@@ -1,4 +1,5 @@
-import { isRolePreamble } from './relay.js'
+import { StringDecoder } from 'node:string_decoder'
+import { isRolePreamble, sseData } from './relay.js'
 import { SharedBody, type BodyView } from './shared-body.js'
 
 type Body = Record<string, unknown>
@@ -98,17 +99,6 @@ export function mergeCompletions(subs: readonly SubRequest[], answers: Body[]): 
   return { ...head, choices, usage }
 }
 
-/** Splits SSE text into its `data:` payloads; returns them and the unfinished tail. */
-function sseData(text: string): { data: string[]; rest: string } {
-  const frames = text.split(/\r?\n\r?\n/)
-  const rest = frames.pop() ?? ''
-  const data: string[] = []
-  for (const f of frames) {
-    for (const line of f.split(/\r?\n/)) if (line.startsWith('data:')) data.push(line.slice(5).trimStart())
-  }
-  return { data, rest }
-}
-
 /** A batch stream carried an engine's own error event (passed on as it came): the batch ends there. */
 export class EngineErrorEvent extends Error {
   constructor(readonly prompt: number) {
@@ -120,7 +110,8 @@ export class EngineErrorEvent extends Error {
  * Interleaves the SSE streams of a request's handoffs as vLLM streams a batch or n choices:
  * chunks in the order they come, choices renumbered prompt-major, one id for all, the usage
  * chunks summed into one at the end, one [DONE]. `onFirstFrame(i, kind)`: stream i's first
- * telling frame (past a chat role preamble), data or the engine's error event. A stream that
+ * telling frame (past a chat role preamble), data or the engine's error event; an error it
+ * returns is thrown in that frame's place. A stream that
  * fails throws (the caller ends the response with an error event); an engine's error event is
  * yielded as it came, then EngineErrorEvent is thrown.
  */
@@ -128,7 +119,7 @@ export async function* mergeStreams(
   body: Body,
   subs: readonly SubRequest[],
   streams: AsyncIterable<Buffer>[],
-  onFirstFrame: (i: number, kind: 'data' | 'error') => void = () => {},
+  onFirstFrame: (i: number, kind: 'data' | 'error') => Error | undefined = () => undefined,
 ): AsyncGenerator<string> {
   const usage: Usage = {}
   let sawUsage = false
@@ -136,6 +127,8 @@ export async function* mergeStreams(
   let object: unknown
   const iters = streams.map((s) => s[Symbol.asyncIterator]())
   const tails = streams.map(() => '')
+  // A character's bytes may arrive in two reads.
+  const decoders = streams.map(() => new StringDecoder('utf8'))
   const started = streams.map(() => false)
   // Failures become values, so a stream that fails after another already did is not unhandled.
   const next = (i: number) =>
@@ -152,7 +145,7 @@ export async function* mergeStreams(
       continue
     }
     pending.set(i, next(i))
-    const { data, rest } = sseData(tails[i] + (r.value as Buffer).toString('utf8'))
+    const { data, rest } = sseData(tails[i] + (decoders[i] as StringDecoder).write(r.value as Buffer))
     tails[i] = rest
     let out = ''
     for (const d of data) {
@@ -162,7 +155,8 @@ export async function* mergeStreams(
       // A chat role preamble comes before D's KV read is known (relay.ts firstVerdict).
       if (!started[i] && (error || !isRolePreamble(chunk))) {
         started[i] = true
-        onFirstFrame(i, error ? 'error' : 'data')
+        const stop = onFirstFrame(i, error ? 'error' : 'data')
+        if (stop) throw stop
       }
       if (error) {
         yield `${out}data: ${d}\n\n`

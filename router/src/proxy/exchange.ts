@@ -17,6 +17,12 @@ export interface ExchangeDeps {
   ledger: LeaseLedger
   metrics: RouterMetrics
   clock: Clock
+  /**
+   * leases.readCheck: for a decoder whose reads the router checks, how soon after P's answer
+   * D's first token must come (the lease's expiry minus the margin), or the answer is
+   * withheld; undefined for a decoder that checks its own reads. Absent: none is checked.
+   */
+  readWithinMs?: (decode: string) => number | undefined
 }
 
 type LeaseState = 'none' | 'issued' | 'reading' | 'done' | 'ended'
@@ -32,6 +38,8 @@ export class Handoff {
   readonly engineRequestId: string
   #lease: LeaseState = 'none'
   #failedLeg: 'decode' | undefined
+  /** Monotonic ms by which D's first token must come (readWithinMs after P's answer). */
+  #readBy = Infinity
   readonly #ex: Exchange
 
   constructor(ex: Exchange, engineRequestId: string) {
@@ -42,6 +50,8 @@ export class Handoff {
   /** P answered with kv_transfer_params: its blocks are pinned for this handoff. */
   issue(params: Record<string, unknown>, prefill: string, decode: string): void {
     this.#lease = 'issued'
+    const within = this.#ex.deps.readWithinMs?.(decode)
+    if (within !== undefined) this.#readBy = this.#ex.deps.clock.monotonic() + within
     const remote = params.remote_request_id
     this.#ex.deps.ledger.issue({
       requestId: this.engineRequestId,
@@ -53,6 +63,11 @@ export class Handoff {
       ...(typeof remote === 'string' ? { remoteRequestId: remote } : {}),
       issuedAt: this.#ex.deps.clock.now(),
     })
+  }
+
+  /** Whether the router judges D's read by when its first token comes (firstToken). */
+  get readChecked(): boolean {
+    return this.#readBy !== Infinity
   }
 
   /** The params go to another decoder after the first refused the connection. */
@@ -89,6 +104,20 @@ export class Handoff {
     if (this.#lease !== 'issued' && this.#lease !== 'reading') return
     this.#lease = 'done'
     this.#ex.deps.ledger.done(this.engineRequestId)
+  }
+
+  /**
+   * D's first token (or its whole answer) came: the read is done. False when it came past
+   * the read deadline (leases.readCheck `router`): P may have reaped the blocks and reused
+   * them before D read them, and a stock vLLM decoder does not check, so the answer must not
+   * reach the client.
+   */
+  firstToken(): boolean {
+    const reading = this.#lease === 'issued' || this.#lease === 'reading'
+    this.done()
+    if (!reading || this.#ex.deps.clock.monotonic() < this.#readBy) return true
+    this.#ex.deps.metrics.lateReads.inc()
+    return false
   }
 
   decodeFailed(): void {

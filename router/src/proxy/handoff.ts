@@ -7,7 +7,7 @@ import type { RouterMetrics } from '../metrics.js'
 import type { InstanceView, TopologyRegistry } from '../topology/registry.js'
 import type { Route } from '../topology/selection.js'
 import type { Exchange, Handoff } from './exchange.js'
-import { decodeView, isChatPath, prefillView } from './legs.js'
+import { decodeView, isChatPath, prefillView, streamedDecodeView } from './legs.js'
 import { prefillFacts, type PrefillFacts } from './prefill-facts.js'
 import type { BodyView } from './shared-body.js'
 import { LegFailure, type Upstream, type UpstreamAnswer, type UpstreamCall } from './upstream.js'
@@ -44,7 +44,16 @@ type Body = Record<string, unknown>
  * first, then an error event if the load failed), so its first frame judges the pair.
  */
 export type Answer =
-  | { kind: 'upstream'; handoff: Handoff; call: UpstreamCall; answer: UpstreamAnswer; pairVerdict?: (ok: boolean) => void; fromPrefill?: PrefillFacts }
+  | {
+      kind: 'upstream'
+      handoff: Handoff
+      call: UpstreamCall
+      answer: UpstreamAnswer
+      pairVerdict?: (ok: boolean) => void
+      fromPrefill?: PrefillFacts
+      /** D streams an answer the client wants whole (streamedDecodeView): the router assembles it. */
+      assemble?: true
+    }
   | { kind: 'engine-error'; handoff: Handoff; status: number; contentType: string; body: Buffer }
 
 type PdRoute = Route & { mode: 'pd' }
@@ -101,8 +110,12 @@ export class HandoffRunner {
       ex.log.warn({ handoff: h.engineRequestId, prefill: pd.prefill.id }, 'lease lapsed before the decode leg; prefilling again')
       return this.#pd(ex, ex.handoff(this.#newId()), again, body, path, false)
     }
-    const answer = await this.#decode(ex, h, pd, pd.decode, decodeView(body, prefilled.params), path, headers)
+    // The router judges D's read by its first token (leases.readCheck router): D streams.
+    const assemble = h.readChecked && body.get('stream') !== true
+    const view = decodeView(body, prefilled.params)
+    const answer = await this.#decode(ex, h, pd, pd.decode, assemble ? streamedDecodeView(view) : view, path, headers)
     if (prefilled.facts && answer.kind === 'upstream') answer.fromPrefill = prefilled.facts
+    if (assemble && answer.kind === 'upstream') answer.assemble = true
     metrics.handoffGap.observe((clock.monotonic() - prefillDone) / 1000)
     const pairs = this.#d.pairs
     if (prefilled.params && answer.kind === 'upstream' && pairs) {

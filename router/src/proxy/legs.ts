@@ -16,7 +16,7 @@ function prefillFields(get: (key: string) => unknown): Body {
 }
 
 /** Every member a leg may change: SharedBody serialises the others once for all legs. */
-export const LEG_MEMBERS: readonly string[] = ['kv_transfer_params', 'stream', 'max_tokens', 'ignore_eos', 'n', 'max_completion_tokens', 'vllm_xargs', ...PREFILL_DROPPED]
+export const LEG_MEMBERS: readonly string[] = ['kv_transfer_params', 'stream', 'max_tokens', 'ignore_eos', 'n', 'max_completion_tokens', 'vllm_xargs', 'prompt_logprobs', ...PREFILL_DROPPED]
 
 /**
  * The prefill leg's body (protocol reference §1.2, §8 item 1): the client's body with
@@ -49,6 +49,15 @@ export function decodeBody(body: Body, params: Record<string, unknown> | undefin
 /** decodeBody on a view of a body already without client params (clientView). */
 export function decodeView(view: BodyView, params: Record<string, unknown> | undefined): BodyView {
   return params === undefined ? view : view.without(['kv_transfer_params']).with({ kv_transfer_params: params })
+}
+
+/**
+ * A non-streamed request's decode leg, streamed from D with usage (leases.readCheck
+ * `router`): the router must see D's first token to judge its read (assemble.ts). vLLM
+ * refuses prompt_logprobs on a stream; D never computed the prompt anyway, P's are merged.
+ */
+export function streamedDecodeView(view: BodyView): BodyView {
+  return view.without(['prompt_logprobs']).with({ stream: true, stream_options: { include_usage: true } })
 }
 
 /**

@@ -1,14 +1,15 @@
 import { Readable } from 'node:stream'
 import type { FastifyReply, FastifyRequest } from 'fastify'
 import { vllmRequestProblem } from '../../../common/vllm-request-rules.js'
-import { errorEvent, isRouterError, RTR_ERR_INTERNAL, RTR_ERR_INVALID_REQUEST, RTR_ERR_TOO_MANY_HANDOFFS, type CodedError, type RouterErrorCode } from '../errors.js'
+import { errorEvent, isRouterError, RTR_ERR_INTERNAL, RTR_ERR_INVALID_REQUEST, RTR_ERR_LATE_READ, RTR_ERR_TOO_MANY_HANDOFFS, type CodedError, type RouterErrorCode } from '../errors.js'
+import { assembleStream, StreamedError } from './assemble.js'
 import { EngineErrorEvent, mergeCompletions, mergeStreams, SPLIT_MEMBERS, splitRequest, type SubRequest } from './batch.js'
 import { ClientGone, Exchange, type ExchangeDeps } from './exchange.js'
 import { HandoffRunner, type Answer, type HandoffDeps } from './handoff.js'
 import { forwardedHeaders, isChatPath, LEG_MEMBERS, wantsStream, withoutClientParams } from './legs.js'
 import { SharedBody } from './shared-body.js'
-import { relaySse } from './relay.js'
-import { withPrefillFacts } from './prefill-facts.js'
+import { relaySse, withUsageFacts } from './relay.js'
+import { withPrefillFacts, type PrefillFacts } from './prefill-facts.js'
 import { LegFailure } from './upstream.js'
 
 type Body = Record<string, unknown>
@@ -69,6 +70,9 @@ export class CompletionProxy {
       ex.outcome(`http_${res.statusCode}`)
       return reply.code(res.statusCode).type(contentType).send(text)
     }
+    if (a.assemble && contentType.startsWith('text/event-stream')) {
+      return reply.code(res.statusCode).type(JSON_TYPE).send(JSON.stringify(await this.#assembled(a)))
+    }
     if (!stream || !contentType.startsWith('text/event-stream')) {
       const buf = await upstream.readAll(a.call, a.answer)
       a.handoff.done()
@@ -83,8 +87,24 @@ export class CompletionProxy {
         else if (r !== 'ok') ex.outcome(r.code)
       },
       mapError: (err) => upstream.fail(a.call, { kind: 'transport', cause: err }).error,
+      ...(a.fromPrefill?.cachedTokens !== undefined ? { rewrite: (frames: Buffer) => withUsageFacts(frames, a.fromPrefill as PrefillFacts, isChat(a)) } : {}),
     })
     return reply.code(res.statusCode).header('content-type', contentType).header('cache-control', 'no-cache').send(relay)
+  }
+
+  /** D's streamed answer put together for a client that wants it whole (assemble.ts), with P's facts. */
+  async #assembled(a: Answer & { kind: 'upstream' }): Promise<Body> {
+    const { upstream } = this.#deps
+    let answer: Body
+    try {
+      answer = await assembleStream(a.answer.res.body as AsyncIterable<Buffer>, isChat(a), (kind) => firstFrame(a, kind))
+    } catch (err) {
+      if (isRouterError(err)) throw err
+      if (err instanceof StreamedError) throw upstream.statusFailure(a.call, 500, Buffer.from(err.event))
+      if (err instanceof SyntaxError) throw upstream.fail(a.call, { kind: 'bad-response', detail: 'a stream frame is not JSON', cause: err })
+      throw upstream.fail(a.call, { kind: 'transport', cause: err })
+    }
+    return a.fromPrefill ? withPrefillFacts(answer, a.fromPrefill, isChat(a)) : answer
   }
 
   async #batch(ex: Exchange, reply: FastifyReply, body: Body, subs: SubRequest[], path: string): Promise<FastifyReply> {
@@ -107,6 +127,7 @@ export class CompletionProxy {
       const parsed = await allOrStop(
         ex,
         ok.map(async (a) => {
+          if (a.assemble) return this.#assembled(a)
           const buf = await upstream.readAll(a.call, a.answer)
           a.handoff.done()
           try {
@@ -124,6 +145,13 @@ export class CompletionProxy {
       try {
         yield* mergeStreams(body, subs, streams, (i, kind) => firstFrame(ok[i] as Answer & { kind: 'upstream' }, kind))
       } catch (err) {
+        if (isRouterError(err)) {
+          // A prompt's first token came too late to trust (firstFrame): the batch ends.
+          ex.outcome(err.code)
+          ex.abortUpstream(new BatchAborted())
+          yield errorEvent(err)
+          return
+        }
         if (err instanceof EngineErrorEvent) {
           // One prompt's engine failed (its error event went out as it came): the batch ends.
           ex.outcome('engine_error_event')
@@ -181,10 +209,15 @@ async function allOrStop<T>(ex: Exchange, work: Promise<T>[]): Promise<T[]> {
 /**
  * D's first frame of a streamed answer: data means its KV read is over (the lease is done);
  * its own error event means the decode failed (the lease is released to P at settle). Either
- * judges the pair.
+ * judges the pair. Data that came past the read deadline (Handoff.firstToken) returns the
+ * error that replaces it: D's read may have found reused blocks.
  */
-function firstFrame(a: Answer & { kind: 'upstream' }, kind: 'data' | 'error'): void {
-  if (kind === 'data') a.handoff.done()
-  else a.handoff.decodeFailed()
+function firstFrame(a: Answer & { kind: 'upstream' }, kind: 'data' | 'error'): Mapped | undefined {
   a.pairVerdict?.(kind === 'data')
+  if (kind === 'error') {
+    a.handoff.decodeFailed()
+    return undefined
+  }
+  if (a.handoff.firstToken()) return undefined
+  return new RTR_ERR_LATE_READ(a.call.target.id, `handoff ${a.handoff.engineRequestId}`)
 }

@@ -1,6 +1,7 @@
 import { Readable } from 'node:stream'
 import type { Dispatcher } from 'undici'
-import { errorEvent, type CodedError, type RouterErrorCode } from '../errors.js'
+import { errorEvent, isRouterError, type CodedError, type RouterErrorCode } from '../errors.js'
+import { withPrefillFacts, type PrefillFacts } from './prefill-facts.js'
 
 type Mapped = CodedError & { code: RouterErrorCode }
 
@@ -10,15 +11,18 @@ export interface RelayHooks {
   /**
    * D's first frame that says how its KV read went (firstVerdict): `data`, the read is over;
    * `error`, D's own error event (vLLM's streamed answer to a failed KV load under
-   * kv_load_failure_policy=fail). A chat stream's role preamble comes before either.
+   * kv_load_failure_policy=fail). A chat stream's role preamble comes before either. An
+   * error returned ends the stream in its place (the frame is not passed on).
    */
-  onFirstFrame(kind: 'data' | 'error'): void
+  onFirstFrame(kind: 'data' | 'error'): Mapped | undefined
   /**
    * The stream ended: cleanly (`ok`), cleanly but carrying D's own error event
    * (`error_event`), or with the failure that ended it (already mapped).
    */
   onEnd(result: 'ok' | 'error_event' | Mapped): void
   mapError(err: unknown): Mapped
+  /** Whole frames on their way out, changed (P's facts in D's usage chunk: withUsageFacts). */
+  rewrite?: (frames: Buffer) => Buffer
 }
 
 // A stream that never ends a frame is passed on anyway past this size.
@@ -29,6 +33,40 @@ export function frameEnd(buf: Buffer): number {
   const lf = buf.lastIndexOf('\n\n')
   const crlf = buf.lastIndexOf('\n\r\n')
   return Math.max(lf < 0 ? 0 : lf + 2, crlf < 0 ? 0 : crlf + 3)
+}
+
+/** Splits SSE text into its `data:` payloads; returns them and the unfinished tail. */
+export function sseData(text: string): { data: string[]; rest: string } {
+  const frames = text.split(/\r?\n\r?\n/)
+  const rest = frames.pop() ?? ''
+  const data: string[] = []
+  for (const f of frames) {
+    for (const line of f.split(/\r?\n/)) if (line.startsWith('data:')) data.push(line.slice(5).trimStart())
+  }
+  return { data, rest }
+}
+
+const USAGE_KEY = Buffer.from('"usage":{')
+
+/**
+ * Whole frames with P's facts in the usage chunk's prompt_tokens_details (prefill-facts.ts):
+ * a stream's usage, like a whole answer's, must count the prompt tokens P found cached, not
+ * D's view of a prompt it read over NIXL. Frames without a usage object go out as they came.
+ */
+export function withUsageFacts(frames: Buffer, facts: PrefillFacts, chat: boolean): Buffer {
+  if (!frames.includes(USAGE_KEY)) return frames
+  const text = frames.toString('utf8').replace(/^data: ?(\{.*\})\r?$/gm, (line, json: string) => {
+    try {
+      const chunk = JSON.parse(json) as unknown
+      if (typeof chunk === 'object' && chunk !== null && typeof (chunk as { usage?: unknown }).usage === 'object') {
+        return `data: ${JSON.stringify(withPrefillFacts(chunk as Record<string, unknown>, { ...(facts.cachedTokens !== undefined ? { cachedTokens: facts.cachedTokens } : {}) }, chat))}`
+      }
+    } catch {
+      // not JSON: as it came
+    }
+    return line
+  })
+  return Buffer.from(text)
 }
 
 // vLLM's streamed failure: `data: {"error": {...}}` (the OpenAI error shape) as a frame's data.
@@ -98,10 +136,11 @@ export function relaySse(body: Dispatcher.ResponseData['body'], hooks: RelayHook
         const verdict = firstVerdict(whole)
         if (verdict) {
           judged = true
-          hooks.onFirstFrame(verdict)
+          const stop = hooks.onFirstFrame(verdict)
+          if (stop) throw stop
         }
       }
-      return whole
+      return hooks.rewrite ? hooks.rewrite(whole) : whole
     }
     try {
       for await (const chunk of body as AsyncIterable<Buffer>) {
@@ -115,7 +154,7 @@ export function relaySse(body: Dispatcher.ResponseData['body'], hooks: RelayHook
       hooks.onEnd(sawErrorEvent ? 'error_event' : 'ok')
     } catch (err) {
       if (hooks.signal.aborted) return
-      const mapped = hooks.mapError(err)
+      const mapped = isRouterError(err) ? err : hooks.mapError(err)
       hooks.onEnd(mapped)
       yield Buffer.from(errorEvent(mapped))
     }

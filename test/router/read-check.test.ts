@@ -1,0 +1,97 @@
+import t from 'tap'
+import { setTimeout as sleep } from 'node:timers/promises'
+import { post, sseEvents, startRouter, startSim, streamedText } from '../helpers/cluster.js'
+
+/*
+ * leases.readCheck (issue 19): stock vLLM in pull mode reads P's blocks whenever it gets to
+ * them, also after P's lease ran out and P reused them (seen with vLLM 0.32: a decoder
+ * SIGSTOPped past kv_lease_duration answered 200 with another prompt's text). Where the
+ * router checks reads, D's answer reaches the client only if its first token came before
+ * the lease's expiry minus the margin; a non-streamed request's decode leg is streamed from D
+ * for that, and assembled. Here a real decoder process is frozen (SIGSTOP) across the
+ * router's 2 s lease before its first token, then thawed.
+ */
+const MODEL = 'handoff/sim-1'
+const ADMIN = 'admin-token-read-check'
+
+async function cluster(t: Parameters<typeof startSim>[0], readCheck: 'router' | 'engine' | 'auto') {
+  const p = await startSim(t, ['--role', 'prefill'])
+  const d = await startSim(t, ['--role', 'decode'])
+  const { url } = await startRouter(
+    t,
+    [
+      { id: 'p0', role: 'prefill', url: p.url },
+      { id: 'd0', role: 'decode', url: d.url },
+    ],
+    { probe: false, adminToken: ADMIN, leases: { leaseSeconds: 2, marginMs: 500, readCheck } },
+  )
+  return { url, d }
+}
+
+/** Sends `body` while D is frozen for `ms`: its first token comes that late at least. */
+async function withFrozenDecoder(d: Awaited<ReturnType<typeof startSim>>, ms: number, send: () => ReturnType<typeof post>): ReturnType<typeof post> {
+  d.child.kill('SIGSTOP')
+  const answer = send()
+  await sleep(ms)
+  d.child.kill('SIGCONT')
+  return answer
+}
+
+async function lateReads(url: string): Promise<number> {
+  const res = await fetch(`${url}/metrics`)
+  return Number(/^handoff_router_late_reads_total (\d+)/m.exec(await res.text())?.[1] ?? NaN)
+}
+
+const body = { model: MODEL, prompt: 'the quick brown fox jumps over the lazy dog', max_tokens: 4 }
+
+t.test('readCheck router: a first token past the lease is withheld, streamed or not', async (t) => {
+  const { url, d } = await cluster(t, 'router')
+  const plain = await withFrozenDecoder(d, 2500, () => post(`${url}/v1/completions`, body))
+  t.equal(plain.status, 503, 'a non-streamed request: 503', { body: plain.text })
+  t.match(plain.json(), { error: { code: 'RTR_ERR_LATE_READ' } })
+  const streamed = await withFrozenDecoder(d, 2500, () => post(`${url}/v1/completions`, { ...body, stream: true }))
+  t.equal(streamed.status, 200, 'a stream’s head was sent before D’s first token')
+  const events = sseEvents(streamed.text)
+  t.match(events, [{ error: { code: 'RTR_ERR_LATE_READ' } }, '[DONE]'], 'then only the coded error event: no token of the late read')
+  t.equal(await lateReads(url), 2, 'both counted')
+  // In time, the same cluster answers as always.
+  const fine = await post(`${url}/v1/completions`, body)
+  t.equal(fine.status, 200)
+  t.equal(fine.json<{ object: string }>().object, 'text_completion')
+})
+
+t.test('readCheck engine (the control): the same late answer is passed on', async (t) => {
+  const { url, d } = await cluster(t, 'engine')
+  const plain = await withFrozenDecoder(d, 2500, () => post(`${url}/v1/completions`, body))
+  t.equal(plain.status, 200, 'D checks its own reads here: the router trusts its answer', { body: plain.text })
+  t.equal(await lateReads(url), 0)
+})
+
+t.test('readCheck auto without agentToken: every decoder’s reads are checked', async (t) => {
+  const { url, d } = await cluster(t, 'auto')
+  const plain = await withFrozenDecoder(d, 2500, () => post(`${url}/v1/completions`, body))
+  t.match(plain.json(), { error: { code: 'RTR_ERR_LATE_READ' } }, { body: plain.text })
+})
+
+t.test('an assembled answer is the answer D gives whole', async (t) => {
+  const checked = await cluster(t, 'router')
+  const whole = await cluster(t, 'engine')
+  for (const [path, req] of [
+    ['/v1/completions', { ...body, prompt: ['one prompt here', 'and another prompt'], n: 2, max_tokens: 6 }],
+    ['/v1/completions', { ...body, max_tokens: 12, stop: ['zz'] }],
+    ['/v1/chat/completions', { model: MODEL, messages: [{ role: 'user', content: 'say something long' }], max_tokens: 9 }],
+  ] as const) {
+    const a = await post(`${checked.url}${path}`, req)
+    const b = await post(`${whole.url}${path}`, req)
+    t.equal(a.status, 200, `${path}: 200`, { body: a.text })
+    const norm = (x: Record<string, unknown>) => ({
+      object: x.object,
+      model: x.model,
+      usage: x.usage,
+      choices: (x.choices as Record<string, unknown>[]).map((c) => ({ index: c.index, text: c.text, content: (c.message as { content?: unknown } | undefined)?.content, finish_reason: c.finish_reason })),
+    })
+    t.same(norm(a.json()), norm(b.json()), `${path} ${JSON.stringify(req).slice(0, 50)}: same choices, finish and usage`)
+  }
+  const s = await post(`${checked.url}/v1/completions`, { ...body, stream: true })
+  t.ok(streamedText(s.text).length > 0, 'a streamed request is relayed as before')
+})

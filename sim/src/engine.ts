@@ -102,6 +102,8 @@ export class SimEngine {
     // releases did not, so both legs of one X-Request-Id had the same id.
     const internalId = o.vllmCompat === 'legacy' ? req.responseId : `${req.responseId}-${o.random.hex(4)}`
     const result = await this.#serve(req, internalId)
+    const external = result.mode === 'remote-decode' && (result.kvLoad === undefined || result.kvLoad.outcome === 'ok')
+    o.metrics.promptTokensBySource.inc({ ...o.metrics.labels, source: external ? 'external_kv_transfer' : 'local_compute' }, result.promptTokens)
     // Every leg has its first token once #serve returns; failed requests record no TTFT.
     o.metrics.ttft.observe(o.metrics.labels, (o.clock.monotonic() - started) / 1000)
     return result

@@ -12,6 +12,7 @@ export interface SimMetrics {
   kvUsage: Gauge<'model_name' | 'engine'>
   success: Counter<'model_name' | 'engine' | 'finished_reason'>
   promptTokens: Counter<'model_name' | 'engine'>
+  promptTokensBySource: Counter<'model_name' | 'engine' | 'source'>
   generationTokens: Counter<'model_name' | 'engine'>
   ttft: Histogram<'model_name' | 'engine'>
   kvExpired: Counter<'model_name' | 'engine'>
@@ -54,6 +55,14 @@ export function createSimMetrics(opts: SimMetricsOptions): SimMetrics {
       registers,
     }),
     promptTokens: new Counter({ name: 'vllm:prompt_tokens_total', help: 'Number of prefill tokens processed.', labelNames, registers }),
+    // Where each prompt token came from, as vLLM 0.32 counts it: a decode leg that read the
+    // prompt's KV from P counts it external_kv_transfer, one that computed it local_compute.
+    promptTokensBySource: new Counter({
+      name: 'vllm:prompt_tokens_by_source_total',
+      help: 'Number of prompt tokens by source.',
+      labelNames: ['model_name', 'engine', 'source'],
+      registers,
+    }),
     generationTokens: new Counter({ name: 'vllm:generation_tokens_total', help: 'Number of generation tokens processed.', labelNames, registers }),
     ttft: new Histogram({
       name: 'vllm:time_to_first_token_seconds',
@@ -82,6 +91,7 @@ export function createSimMetrics(opts: SimMetricsOptions): SimMetrics {
   m.waiting.set(labels, 0)
   m.promptTokens.inc(labels, 0)
   m.generationTokens.inc(labels, 0)
+  for (const source of ['local_compute', 'local_cache_hit', 'external_kv_transfer']) m.promptTokensBySource.inc({ ...labels, source }, 0)
   m.kvExpired.inc(labels, 0)
   m.failedTransfers.inc(labels, 0)
   m.kvRecomputed.inc(labels, 0)

@@ -72,16 +72,24 @@ export function stopCriteria(spec: StopFields, eosAfterTokens?: number | null): 
   }
 }
 
-/** Token ids of the prompt; one prompt per request (batched prompts are not simulated). */
+/** Token ids of the prompt; only one (a batch: promptBatch). */
 export function promptTokens(spec: PromptSpec): Uint32Array {
-  if (spec.kind === 'chat') return tokenize(renderChat(spec.messages))
+  const batch = promptBatch(spec)
+  if (batch.length !== 1) throw new SIM_ERR_UNSUPPORTED_PROMPT('a batch of several prompts where one is expected')
+  return batch[0] as Uint32Array
+}
+
+/**
+ * Token ids of each prompt: a completion request may carry a batch (a list of strings or of
+ * token id lists), served as vLLM does, one prompt after another, choices in order.
+ */
+export function promptBatch(spec: PromptSpec): Uint32Array[] {
+  if (spec.kind === 'chat') return [tokenize(renderChat(spec.messages))]
   const p = spec.prompt
-  if (typeof p === 'string') return tokenize(p)
-  if (p.length !== 1 && typeof p[0] !== 'number') throw new SIM_ERR_UNSUPPORTED_PROMPT('a batch of several prompts in one request')
-  const first = p[0]
-  if (typeof first === 'string') return tokenize(first)
-  if (typeof first === 'number') return Uint32Array.from(p as number[])
-  return Uint32Array.from(first as number[])
+  if (typeof p === 'string') return [tokenize(p)]
+  if (p.length === 0) throw new SIM_ERR_BAD_REQUEST('prompt must not be empty')
+  if (typeof p[0] === 'number') return [Uint32Array.from(p as number[])]
+  return (p as (string | number[])[]).map((one) => (typeof one === 'string' ? tokenize(one) : Uint32Array.from(one)))
 }
 
 /**
@@ -94,9 +102,17 @@ export function resolveMaxTokens(spec: PromptSpec, defaultMaxTokens: number): nu
   return explicit ?? defaultMaxTokens
 }
 
+/** preparePrompt for each prompt of a batch. */
+export function preparePrompts(spec: PromptSpec, limits: PromptLimits): PromptInput[] {
+  return promptBatch(spec).map((tokens) => checkedInput(spec, tokens, limits))
+}
+
 /** Tokens plus output length, checked against the context window as vLLM checks them. */
 export function preparePrompt(spec: PromptSpec, limits: PromptLimits): PromptInput {
-  const tokens = promptTokens(spec)
+  return checkedInput(spec, promptTokens(spec), limits)
+}
+
+function checkedInput(spec: PromptSpec, tokens: Uint32Array, limits: PromptLimits): PromptInput {
   const maxTokens = resolveMaxTokens(spec, limits.defaultMaxTokens)
   if (tokens.length > limits.maxModelLen) throw new SIM_ERR_PROMPT_TOO_LONG(limits.maxModelLen, tokens.length)
   if (tokens.length + maxTokens > limits.maxModelLen) throw new SIM_ERR_MAX_TOKENS_TOO_LARGE(limits.maxModelLen, maxTokens, tokens.length)

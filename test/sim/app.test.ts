@@ -150,6 +150,25 @@ t.test('kvLoadFailureRate: a decode leg fails its KV load as a failed pull does;
   t.match(recompute.logs.find((l) => l.msg === 'request served'), { mode: 'local' })
 })
 
+t.test('a batch of prompts is served as vLLM serves it: each prompt’s choices in order, prompt tokens summed', async (t) => {
+  const { app } = build(t)
+  const post = async (payload: object) => (await app.inject({ method: 'POST', url: '/v1/completions', headers: { 'content-type': 'application/json' }, payload })).json()
+  const one = await post({ model: MODEL, prompt: 'the first prompt', max_tokens: 3 })
+  const two = await post({ model: MODEL, prompt: 'and a second one', max_tokens: 3 })
+  const batch = await post({ model: MODEL, prompt: ['the first prompt', 'and a second one'], max_tokens: 3, n: 2 })
+  t.same(
+    batch.choices.map((c: { index: number; text: string }) => [c.index, c.text]),
+    [
+      [0, one.choices[0].text],
+      [1, one.choices[0].text],
+      [2, two.choices[0].text],
+      [3, two.choices[0].text],
+    ],
+  )
+  t.equal(batch.usage.prompt_tokens, one.usage.prompt_tokens + two.usage.prompt_tokens, 'each prompt counted once')
+  t.equal(batch.usage.completion_tokens, 12)
+})
+
 t.test('bad requests get OpenAI error bodies', async (t) => {
   const { app } = build(t, { maxModelLen: 20 })
   const cases: [object | string, number, string][] = [
@@ -158,7 +177,7 @@ t.test('bad requests get OpenAI error bodies', async (t) => {
     [{ model: MODEL, prompt: 'x', max_tokens: 'many' }, 400, 'SIM_ERR_BAD_REQUEST'],
     [{ model: MODEL, prompt: 'a b c d e f g h i j k l m n o p q r s t u v' }, 400, 'SIM_ERR_PROMPT_TOO_LONG'],
     [{ model: MODEL, prompt: 'a', max_tokens: 20 }, 400, 'SIM_ERR_MAX_TOKENS_TOO_LARGE'],
-    [{ model: MODEL, prompt: ['a', 'b'] }, 400, 'SIM_ERR_UNSUPPORTED_PROMPT'],
+    [{ model: MODEL, prompt: [] }, 400, 'SIM_ERR_BAD_REQUEST'],
     ['{not json', 400, 'FST_ERR_CTP_INVALID_JSON_BODY'],
   ]
   for (const [payload, status, code] of cases) {

@@ -7,7 +7,7 @@ import type { SimContext } from '../context.js'
 import { isKvLoadFailure, type EngineResult } from '../engine.js'
 import { SIM_ERR_BAD_REQUEST, SIM_ERR_DUPLICATE_REQUEST_ID, SIM_ERR_INJECTED, SIM_ERR_MODEL_NOT_FOUND } from '../errors.js'
 import { promptLogprobs } from '../prompt-logprobs.js'
-import { preparePrompt, specFromChat, specFromCompletion, type PromptSpec } from '../prompt.js'
+import { preparePrompts, specFromChat, specFromCompletion, type PromptInput, type PromptSpec } from '../prompt.js'
 
 type Kind = 'completion' | 'chat'
 type Body = CompletionRequest | ChatCompletionRequest
@@ -57,7 +57,8 @@ async function serve(ctx: SimContext, kind: Kind, request: FastifyRequest<{ Body
   if (body.model !== config.model) throw new SIM_ERR_MODEL_NOT_FOUND(body.model)
   const problem = vllmRequestProblem(body, kind === 'chat')
   if (problem) throw new SIM_ERR_BAD_REQUEST(problem.message)
-  const input = preparePrompt(spec, { ...config, eosAfterTokens: ctx.faults.current.eosAfterTokens })
+  // A completion request may carry a batch of prompts: vLLM serves each, choices in order.
+  const inputs = preparePrompts(spec, { ...config, eosAfterTokens: ctx.faults.current.eosAfterTokens })
   const responseId = `${kind === 'chat' ? 'chatcmpl' : 'cmpl'}-${request.id}`
 
   // vLLM builds its request id from X-Request-Id; without the random suffix (older
@@ -81,19 +82,24 @@ async function serve(ctx: SimContext, kind: Kind, request: FastifyRequest<{ Body
       metrics.generationTokens.inc(metrics.labels, result.output.tokens.length)
     }
   }
-  let result: EngineResult
   const choices: EngineResult[] = []
+  /** Each choice's prompt. */
+  const choiceInputs: PromptInput[] = []
   try {
-    const run = (): Promise<EngineResult> =>
-      ctx.engine.run({ responseId, input, kvTransferParams: body.kv_transfer_params, signal, log: request.log, failKvLoad: fault === 'kv_load_failure' })
-    result = await run()
-    choices.push(result)
     // n > 1 as vLLM's decoder serves it: one child request per choice, each loading the remote
     // KV itself (one READ of P's blocks per choice), one after another here. P's lease is for
     // one read, so every child after the first reads blocks P may already have reused.
     const n = typeof body.n === 'number' && body.n > 1 ? body.n : 1
     const remote = (body.kv_transfer_params as { do_remote_prefill?: unknown } | null | undefined)?.do_remote_prefill === true
-    for (let j = 1; j < n; j++) choices.push(remote ? await run() : result)
+    for (const input of inputs) {
+      const run = (): Promise<EngineResult> =>
+        ctx.engine.run({ responseId, input, kvTransferParams: body.kv_transfer_params, signal, log: request.log, failKvLoad: fault === 'kv_load_failure' })
+      const first = await run()
+      for (let j = 0; j < n; j++) {
+        choices.push(j === 0 || !remote ? first : await run())
+        choiceInputs.push(input)
+      }
+    }
   } catch (err) {
     done(false)
     if (isKvLoadFailure(err)) {
@@ -102,6 +108,7 @@ async function serve(ctx: SimContext, kind: Kind, request: FastifyRequest<{ Body
     }
     throw err
   }
+  const result = choices[0] as EngineResult
   const { output } = result
   request.log.info(
     { internalId: result.internalId, mode: result.mode, promptTokens: result.promptTokens, outputTokens: output.tokens.length, finishReason: output.finishReason },
@@ -116,10 +123,11 @@ async function serve(ctx: SimContext, kind: Kind, request: FastifyRequest<{ Body
   })
   const created = Math.floor(ctx.clock.now() / 1000)
   const completionTokens = choices.reduce((sum, c) => sum + c.output.tokens.length, 0)
+  const promptTokens = inputs.reduce((sum, i) => sum + i.tokens.length, 0)
   const usage: Usage = {
-    prompt_tokens: result.promptTokens,
+    prompt_tokens: promptTokens,
     completion_tokens: completionTokens,
-    total_tokens: result.promptTokens + completionTokens,
+    total_tokens: promptTokens + completionTokens,
   }
   const head = { id: responseId, created, model: config.model }
 
@@ -157,16 +165,17 @@ async function serve(ctx: SimContext, kind: Kind, request: FastifyRequest<{ Body
   }
   // Asked for, prompt logprobs come from the engine that computed the prompt (prompt-logprobs.ts).
   const asked = typeof (body as Record<string, unknown>).prompt_logprobs === 'number'
-  const prompt = asked ? (result.mode === 'remote-decode' ? null : promptLogprobs(input.tokens)) : undefined
+  const logprobsOf = (c: EngineResult, input: PromptInput): unknown => (c.mode === 'remote-decode' ? null : promptLogprobs(input.tokens))
   const payload = {
     ...head,
     object: kind === 'chat' ? 'chat.completion' : 'text_completion',
-    choices: choices.map(({ output: { text, finishReason, stopReason } }, index) =>
-      kind === 'chat'
+    choices: choices.map((c, index) => {
+      const { text, finishReason, stopReason } = c.output
+      return kind === 'chat'
         ? { index, message: { role: 'assistant', content: text }, logprobs: null, finish_reason: finishReason, stop_reason: stopReason }
-        : { index, text, logprobs: null, finish_reason: finishReason, stop_reason: stopReason, ...(asked ? { prompt_logprobs: prompt } : {}) },
-    ),
-    ...(asked && kind === 'chat' ? { prompt_logprobs: prompt } : {}),
+        : { index, text, logprobs: null, finish_reason: finishReason, stop_reason: stopReason, ...(asked ? { prompt_logprobs: logprobsOf(c, choiceInputs[index] as PromptInput) } : {}) }
+    }),
+    ...(asked && kind === 'chat' ? { prompt_logprobs: logprobsOf(result, inputs[0] as PromptInput) } : {}),
     usage,
     kv_transfer_params: result.kvTransferParams,
   }

@@ -95,3 +95,32 @@ t.test('an assembled answer is the answer D gives whole', async (t) => {
   const s = await post(`${checked.url}/v1/completions`, { ...body, stream: true })
   t.ok(streamedText(s.text).length > 0, 'a streamed request is relayed as before')
 })
+
+t.test('a client that leaves while its answer is being assembled: client_gone, not a decoder failure', async (t) => {
+  const p = await startSim(t, ['--role', 'prefill'])
+  const d = await startSim(t, ['--role', 'decode', '--decode-delay-ms', '200'])
+  const { url } = await startRouter(
+    t,
+    [
+      { id: 'p0', role: 'prefill', url: p.url },
+      { id: 'd0', role: 'decode', url: d.url },
+    ],
+    { probe: false, leases: { readCheck: 'router' } },
+  )
+  const ac = new AbortController()
+  const gone = fetch(`${url}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ ...body, max_tokens: 20 }), signal: ac.signal }).catch((e: unknown) => e)
+  // D streams a token every 200 ms: the router is assembling by now.
+  await sleep(600)
+  ac.abort()
+  t.ok((await gone) instanceof Error, 'the client left')
+  const metrics = async () => (await fetch(`${url}/metrics`)).text()
+  let text = await metrics()
+  for (let i = 0; i < 50 && !/outcome="client_gone"/.test(text); i++) {
+    await sleep(100)
+    text = await metrics()
+  }
+  t.match(text, /handoff_router_requests_total\{mode="pd",outcome="client_gone"\} 1/, 'counted as the client’s leaving')
+  t.notMatch(text, /handoff_router_upstream_errors_total\{leg="decode"/, 'not as a decoder failure')
+  const next = await post(`${url}/v1/completions`, body)
+  t.equal(next.status, 200, 'and D still serves')
+})

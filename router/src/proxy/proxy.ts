@@ -99,10 +99,13 @@ export class CompletionProxy {
     try {
       answer = await assembleStream(a.answer.res.body as AsyncIterable<Buffer>, isChat(a), (kind) => firstFrame(a, kind))
     } catch (err) {
-      if (isRouterError(err)) throw err
+      // The client left (the caller answers for that), or the first token came too late.
+      if (a.call.signal.aborted || isRouterError(err)) throw err
       if (err instanceof StreamedError) throw upstream.statusFailure(a.call, 500, Buffer.from(err.event))
       if (err instanceof SyntaxError) throw upstream.fail(a.call, { kind: 'bad-response', detail: 'a stream frame is not JSON', cause: err })
       throw upstream.fail(a.call, { kind: 'transport', cause: err })
+    } finally {
+      a.answer.settle()
     }
     return a.fromPrefill ? withPrefillFacts(answer, a.fromPrefill, isChat(a)) : answer
   }

@@ -2,6 +2,7 @@ import { mkdtempSync, writeFileSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { request } from 'undici'
+import { freePort } from '../../common/ports.js'
 import { spawnService, type SpawnedService } from '../../common/spawn.js'
 import { oracleForBody } from '../../sim/src/oracle.js'
 import type { Teardown } from './cluster.js'
@@ -76,6 +77,11 @@ export class Engine {
   }
 
   async start(): Promise<this> {
+    // Ports below the ephemeral range (freePort): a process restarted at its port must find
+    // it free, and while it is down its peers redial it; a port the kernel may also hand out
+    // as a source port can be taken by such a dial connecting to itself.
+    this.#agentPort ||= await freePort()
+    this.#simPort ||= await freePort()
     await this.startAgent()
     await this.startSim()
     return this

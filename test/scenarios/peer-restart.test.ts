@@ -41,7 +41,9 @@ function traffic(url: string, workers: number, tag: string): { stop: () => Promi
 async function untilOk(check: () => Promise<boolean>, timeoutMs: number): Promise<boolean> {
   const end = performance.now() + timeoutMs
   while (performance.now() < end) {
-    if (await check().catch(() => false)) return true
+    // One check that hangs (a connection nobody answers) must not hold the loop past its bound.
+    const bounded = Promise.race([check(), sleep(2000).then(() => false)])
+    if (await bounded.catch(() => false)) return true
     await sleep(100)
   }
   return false

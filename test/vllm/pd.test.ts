@@ -280,7 +280,7 @@ for (const backend of backends) t.test(`the router in front of ${backend.name} P
     await D.launch()
     // Until the probes put D back, and its first handoff (a new NIXL handshake) may come
     // past the lease (RTR_ERR_LATE_READ): a few tries, each bounded by the router's timeouts.
-    // vLLM 0.32 on CPU: in 2 of 9 runs P's worker stopped answering after its decoder was
+    // vLLM 0.32 on CPU: in 3 of 10 runs P's worker stopped answering after its decoder was
     // SIGKILLed (its EngineCore logged "No available shared memory broadcast block found in
     // 60 seconds" for 5 min, then died of a TimeoutError), so nothing P/D could be served.
     // That is vLLM's, not the router's: "serves again" is todo when P itself does not answer.

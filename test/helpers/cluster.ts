@@ -28,9 +28,10 @@ export type RouterOverrides = { [K in keyof Omit<RouterConfig, 'instances'>]?: S
 export async function startRouter(
   t: Teardown,
   instances: InstanceConfig[],
-  overrides: RouterOverrides & { probe?: boolean } = {},
+  overrides: RouterOverrides & { probe?: boolean; listenPort?: number } = {},
 ): Promise<{ app: FastifyInstance; url: string; logs: Record<string, unknown>[] }> {
-  const { probe, ...rest } = overrides
+  // listenPort: a port chosen beforehand, for processes started before the router that must know its URL.
+  const { probe, listenPort, ...rest } = overrides
   const base = loadConfig({ overrides: { port: 0, logLevel: 'warn' } }) as unknown as Record<string, unknown>
   const merged: Record<string, unknown> = { ...base, instances }
   for (const [k, v] of Object.entries(rest)) {
@@ -48,7 +49,7 @@ export async function startRouter(
   })
   const deps: RouterDeps = { config, logger: pino({ level: 'info' }, sink), ...(probe === false ? { probe: false } : {}) }
   const app = await buildApp(deps)
-  const url = await app.listen({ host: '127.0.0.1', port: 0 })
+  const url = await app.listen({ host: '127.0.0.1', port: listenPort ?? 0 })
   t.teardown(() => app.close())
   return { app, url, logs }
 }

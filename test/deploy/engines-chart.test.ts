@@ -275,6 +275,24 @@ t.test('engine pods in the Helm chart and the examples, against a real API serve
     )
     t.match(await fails(['--set', 'engines.prefill.args={--kv-transfer-config,x}']), /engines\.prefill\.args must not carry --kv-transfer-config/)
     t.equal(await fails(['--set', 'router.config.leases.leaseSeconds=30']), '', 'the same value renders')
+    t.match(await fails(['--set', 'engines.connector=lmcache']), /engines\.connector must be nixl .* or handoff/)
+    t.match(await fails([...AGENT, '--set', 'engines.connector=handoff']), /two followers of the same events/)
+  })
+
+  t.test('engines.connector=handoff: the engines load handoff’s connector, follow the routers, read the agent token from a file', async (t) => {
+    const { stdout } = await kube.helm(['template', 'r', chart, ...ENGINES, '--set', 'engines.connector=handoff'])
+    const docs = stdout.split(/^---$/m)
+    const prefill = docs.find((d) => /name: r-handoff-prefill\n/.test(d)) ?? ''
+    const kv = JSON.parse(JSON.parse(/- --kv-transfer-config\n\s+- (".*")\n/.exec(prefill)?.[1] ?? '"{}"') as string) as Record<string, unknown>
+    t.match(kv, {
+      kv_connector: 'HandoffNixlConnector',
+      kv_connector_module_path: 'handoff_vllm.connector',
+      kv_connector_extra_config: { kv_lease_duration: 30, handoff_router_urls: ['http://r-handoff-admin.default.svc:8002'], handoff_token_file: '/etc/handoff-connector/agent-token' },
+    })
+    t.match(prefill, /name: HANDOFF_ENGINE_URL\n\s+value: "http:\/\/\$\(POD_IP\):8000"/, 'registered under the URL discovery dials')
+    t.match(prefill, /- name: handoff-connector\n\s+secret:\n\s+secretName: r-handoff\n\s+items:\n\s+- key: agent-token/, 'the agent token as a file (rotations need no restart)')
+    const nixl = (await kube.helm(['template', 'r', chart, ...ENGINES])).stdout
+    t.notMatch(nixl, /HandoffNixlConnector|handoff-connector/, 'the default stays vLLM’s NixlConnector')
   })
 
   t.test('engines.leaseSeconds reaches the engines, the agents and the router', async (t) => {

@@ -72,6 +72,15 @@ Only equality terms of the selector (k=v, k==v) are checked.
 {{- end }}
 {{- end }}
 {{- end }}
+{{- if not (has (toString $root.Values.engines.connector) (list "nixl" "handoff")) }}
+{{- fail (printf "engines.connector must be nixl (vLLM's NixlConnector) or handoff (handoff's connector, in the engine image: pip install ./transfer-agent/vllm); got %q" (toString $root.Values.engines.connector)) }}
+{{- end }}
+{{- if and (eq (toString $root.Values.engines.connector) "handoff") (not $root.Values.secrets.agentToken) (not $root.Values.secrets.existingSecret) }}
+{{- fail "engines.connector=handoff needs secrets.agentToken: the connector follows the routers' agent event stream, which the token guards" }}
+{{- end }}
+{{- if and (eq (toString $root.Values.engines.connector) "handoff") $root.Values.engines.agent.enabled }}
+{{- fail "engines.connector=handoff and engines.agent.enabled are two followers of the same events for one engine: pick one (vLLM engines: the connector)" }}
+{{- end }}
 {{- if has "--kv-transfer-config" (default (list) $e.args) }}
 {{- fail (printf "engines.%s.args must not carry --kv-transfer-config: the chart builds it from engines.kvTransferConfig, with kv_lease_duration = engines.leaseSeconds" $role) }}
 {{- end }}
@@ -107,6 +116,13 @@ and the agents' --lease-seconds come from the same value (issue 17 item 3).
 {{- fail (printf "engines.kvTransferConfig.kv_connector_extra_config.kv_lease_duration (%v) must equal engines.leaseSeconds (%v): set engines.leaseSeconds only" $extra.kv_lease_duration .Values.engines.leaseSeconds) }}
 {{- end }}
 {{- $_ := set $extra "kv_lease_duration" .Values.engines.leaseSeconds }}
+{{- if eq (toString .Values.engines.connector) "handoff" }}
+{{- /* handoff's connector (transfer-agent/vllm): vLLM's NIXL pull connector that follows the routers' events. */}}
+{{- $_ := set $kv "kv_connector" "HandoffNixlConnector" }}
+{{- $_ := set $kv "kv_connector_module_path" "handoff_vllm.connector" }}
+{{- $_ := set $extra "handoff_router_urls" (splitList "," (include "handoff.agentRouterUrls" .)) }}
+{{- $_ := set $extra "handoff_token_file" "/etc/handoff-connector/agent-token" }}
+{{- end }}
 {{- $_ := set $kv "kv_connector_extra_config" $extra }}
 {{- toJson $kv }}
 {{- end }}

@@ -6,6 +6,8 @@ const benches: Record<string, () => Promise<(argv: string[]) => Promise<void>>> 
   events: async () => (await import('./events.js')).runEventsBench,
   // The router against a direct two-leg client on real vLLM engines (issue 19).
   real: async () => (await import('./real.js')).runRealBench,
+  // handoff's vLLM connector against stock vLLM on the same real engines (issue 20).
+  connector: async () => (await import('./connector.js')).runConnectorBench,
   // Several routers on one Redis against one in memory (issue 10).
   routers: async () => (await import('./routers.js')).runRoutersBench,
   // Internal: the baseline proxy that `overhead` starts as a child process.

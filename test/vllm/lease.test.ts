@@ -2,7 +2,7 @@ import t from 'tap'
 import { request } from 'undici'
 import { freePort } from '../../common/ports.js'
 import { get, sseEvents, startRouter, streamedText } from '../helpers/cluster.js'
-import { startTcpProxy } from '../helpers/tcp-proxy.js'
+import { startTcpProxy } from '../../bench/tcp-proxy.js'
 import { call, errorCode, MODEL, needVllm, startVllm, texts, type Answer, type VllmEngine } from '../helpers/vllm.js'
 
 /*
@@ -40,7 +40,7 @@ t.test('the KV lease with real vLLM P/D behind the router', { skip }, async (t) 
     { role: 'decode', leaseSeconds: LEASE_S, handoff },
   ])) as [VllmEngine, VllmEngine]
   // D behind a proxy the test can take down: a decoder that refuses connections, then is back.
-  const dProxy = await startTcpProxy(t, { host: '127.0.0.1', port: D.port })
+  const dProxy = await startTcpProxy({ host: '127.0.0.1', port: D.port }, (stop) => t.teardown(stop))
   const { url } = await startRouter(
     t,
     [

@@ -1,12 +1,11 @@
 import { createServer, connect, type Server, type Socket } from 'node:net'
 import { once } from 'node:events'
-import type { Teardown } from './cluster.js'
 
 /**
- * A TCP proxy on a loopback port, in front of a real process, that a test can take down and
- * bring back at the same address: while it is down, connections are refused, as they are by
- * an engine that died (a process cannot be made to refuse connections and then answer again
- * at its address without a restart). Bytes pass through unchanged.
+ * A TCP proxy on a loopback port, in front of a real process, that a test or a bench can take
+ * down and bring back at the same address: while it is down, connections are refused, as they
+ * are by an engine that died (a process cannot be made to refuse connections and then answer
+ * again at its address without a restart). Bytes pass through unchanged.
  */
 export interface TcpProxy {
   port: number
@@ -17,7 +16,8 @@ export interface TcpProxy {
   up(): Promise<void>
 }
 
-export async function startTcpProxy(t: Teardown, target: { host: string; port: number }): Promise<TcpProxy> {
+/** `onStop` gets the proxy's stop (a test's teardown, a bench's cleanup). */
+export async function startTcpProxy(target: { host: string; port: number }, onStop: (stop: () => Promise<void>) => void): Promise<TcpProxy> {
   const sockets = new Set<Socket>()
   let server: Server | undefined
   let port = 0
@@ -46,6 +46,6 @@ export async function startTcpProxy(t: Teardown, target: { host: string; port: n
     if (s) await new Promise((resolve) => s.close(resolve))
   }
   await up()
-  t.teardown(down)
+  onStop(down)
   return { port, url: `http://127.0.0.1:${port}`, down, up }
 }

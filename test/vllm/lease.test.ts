@@ -23,7 +23,9 @@ const LEASE_S = 8
 const AGENT = 'agent-token-vllm-lease'
 const ADMIN = 'admin-token-vllm-lease'
 // The router's probes: a refused probe this many times in a row, at this interval, is a crash.
-const HEALTH = { intervalMs: 1000, timeoutMs: 5000, unhealthyThreshold: 30 }
+// A frozen D is not refused but times out, and a probe round waits for its timeout: 8 rounds
+// take 48 s, far beyond any freeze here (16 s at most).
+const HEALTH = { intervalMs: 1000, timeoutMs: 5000, unhealthyThreshold: 8 }
 t.setTimeout(900_000)
 
 let n = 0

@@ -6,7 +6,7 @@ import { cliEntry } from '../../common/paths.js'
 
 const bench = (...args: string[]) => spawnSync(process.execPath, [cliEntry, 'bench', ...args], { encoding: 'utf8', timeout: 20_000 })
 
-for (const name of ['overhead', 'nixl', 'agent', 'events', 'real', 'routers']) {
+for (const name of ['overhead', 'nixl', 'agent', 'events', 'real', 'connector', 'routers']) {
   t.test(`bench ${name} --help`, async (t) => {
     const run = bench(name, '--help')
     t.equal(run.status, 0, run.stderr)
@@ -21,7 +21,7 @@ for (const name of ['overhead', 'nixl', 'agent', 'events', 'real', 'routers']) {
 t.test('an unknown bench: exit 2 with the list', async (t) => {
   const run = bench('nope')
   t.equal(run.status, 2)
-  t.match(run.stdout, /usage: handoff bench <overhead\|nixl\|agent\|events\|real\|routers/)
+  t.match(run.stdout, /usage: handoff bench <overhead\|nixl\|agent\|events\|real\|connector\|routers/)
 })
 
 t.test('an unknown flag is refused, not ignored', async (t) => {

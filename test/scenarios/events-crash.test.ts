@@ -35,7 +35,13 @@ t.test('b. a prefiller crash: peer_gone for its old engine_id reaches the decode
   const total = performance.now() - killedAt
   t.ok(ms >= 0, `the decoder's agent applied peer_gone within ${APPLY_BOUND_MS} ms of the kill (${Math.round(total)} ms; probes every 100 ms, threshold 1)`)
   t.comment(`prefiller crash (SIGKILL) → peer_gone applied by the decoder's agent ${Math.round(total)} ms later`)
-  const delivery = (await get(`${router.url}/fault_tolerance/events/${seq}`, admin)).json<{ type: string; expected: string[]; applied: string[] }>()
+  // The agent acknowledges what it applied right after applying it, on a call of its own.
+  type Delivery = { type: string; expected: string[]; applied: string[] }
+  let delivery = (await get(`${router.url}/fault_tolerance/events/${seq}`, admin)).json<Delivery>()
+  await within(5000, async () => {
+    delivery = (await get(`${router.url}/fault_tolerance/events/${seq}`, admin)).json<Delivery>()
+    return delivery.applied.length > 0
+  })
   t.equal(delivery.type, 'peer_gone')
   t.same(delivery.expected, [d.agentId], 'expected: the live decoder agent only (the dead agent left the directory)')
   t.same(delivery.applied, [d.agentId])

@@ -1,5 +1,7 @@
-import { readFileSync } from 'node:fs'
+import { closeSync, mkdirSync, openSync, readFileSync, statSync, utimesSync } from 'node:fs'
 import { createServer, type AddressInfo } from 'node:net'
+import { tmpdir } from 'node:os'
+import { join } from 'node:path'
 
 /** The kernel's ephemeral port range (outgoing connections' source ports). */
 function ephemeralRange(): [number, number] {
@@ -25,8 +27,37 @@ async function tryPort(port: number, host: string): Promise<number | undefined> 
   return got
 }
 
+/** How long a port handed out stays claimed: its caller binds it well within this. */
+const CLAIM_MS = 60_000
+
 /**
- * A TCP port free now on `host`: bound and released at once. Another process could take it
+ * Claims `port` for this caller across every process on the machine that uses freePort: a
+ * file per port, created exclusively; a claim older than CLAIM_MS may be taken over. Tests run
+ * in parallel processes, and two of them once got the same port between one's release and its
+ * server's bind (EADDRINUSE in a full run, test/scenarios/leases).
+ */
+function claim(port: number): boolean {
+  const dir = join(tmpdir(), 'handoff-ports')
+  const file = join(dir, String(port))
+  try {
+    mkdirSync(dir, { recursive: true })
+    closeSync(openSync(file, 'wx'))
+    return true
+  } catch (err) {
+    if ((err as NodeJS.ErrnoException).code !== 'EEXIST') return true // no claims possible here: the bind check alone
+  }
+  try {
+    if (Date.now() - statSync(file).mtimeMs < CLAIM_MS) return false
+    const now = new Date()
+    utimesSync(file, now, now)
+    return true
+  } catch {
+    return false
+  }
+}
+
+/**
+ * A TCP port free now on `host`: bound and released at once, and claimed (see claim). Another process could take it
  * before the caller binds it; callers that must know a port before its server starts (an
  * agent told the router's URL before the router runs) accept that race and fail loudly on it.
  *
@@ -42,7 +73,7 @@ export async function freePort(host = '127.0.0.1'): Promise<number> {
   if (low - floor > 1000) {
     for (let i = 0; i < 50; i++) {
       const port = await tryPort(floor + Math.floor(Math.random() * (low - floor)), host)
-      if (port !== undefined) return port
+      if (port !== undefined && claim(port)) return port
     }
   }
   const port = await tryPort(0, host)

@@ -1,3 +1,4 @@
+import { spawnSync } from 'node:child_process'
 import { readFileSync } from 'node:fs'
 import { createServer } from 'node:net'
 import t from 'tap'
@@ -18,4 +19,16 @@ t.test('freePort: a bindable port below the ephemeral range, so no client can co
     await new Promise<void>((resolve) => server.close(() => resolve()))
   }
   t.ok(seen.size > 10, `spread over the range (${seen.size} distinct of 20)`)
+})
+
+t.test('freePort: a port handed to one process is not handed to another for a minute', async (t) => {
+  const mine = new Set<number>()
+  for (let i = 0; i < 200; i++) mine.add(await freePort())
+  t.equal(mine.size, 200, 'never twice in one process')
+  const script = `import('${new URL('../../common/ports.ts', import.meta.url).pathname}').then(async ({ freePort }) => { const out = []; for (let i = 0; i < 200; i++) out.push(await freePort()); console.log(JSON.stringify(out)) })`
+  const run = spawnSync(process.execPath, [...process.execArgv, '--input-type=module', '-e', script], { encoding: 'utf8', timeout: 60_000 })
+  t.equal(run.status, 0, run.stderr)
+  const theirs = JSON.parse(run.stdout.trim().split('\n').at(-1) ?? '[]') as number[]
+  t.equal(theirs.length, 200)
+  t.same(theirs.filter((p) => mine.has(p)), [], 'another process got none of them')
 })

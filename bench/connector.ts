@@ -90,11 +90,6 @@ export async function runConnectorBench(argv: string[]): Promise<void> {
     }
     let n = 0
     const prompt = (): string => `bench ${n++} the quick brown fox jumps over the lazy dog`
-    const pFree = async (limitMs: number): Promise<number> => {
-      const from = performance.now()
-      while (performance.now() - from < limitMs && (await p.metric('vllm:kv_cache_usage_perc')) > 0) await sleep(10)
-      return (await p.metric('vllm:kv_cache_usage_perc')) === 0 ? performance.now() - from : Number.NaN
-    }
     const p0 = async (): Promise<{ engineId: string | null; agents: { streams: number }[] } | undefined> => {
       const res = await request(`${url}/topology`, { headers: { authorization: `Bearer ${ADMIN}` } })
       return ((await res.body.json()) as { instances: { id: string; engineId: string | null; agents: { streams: number }[] }[] }).instances.find((i) => i.id === 'p0')
@@ -111,15 +106,15 @@ export async function runConnectorBench(argv: string[]): Promise<void> {
 
     const rows: string[] = []
     for (let r = 1; r <= rounds; r++) {
-      if (Number.isNaN(await pFree(leaseSeconds * 1000 + 10_000))) throw new Error('P still holds KV from before the round')
+      if (Number.isNaN(await p.msUntilNoKv(leaseSeconds * 1000 + 10_000))) throw new Error('P still holds KV from before the round')
       say(`round ${r}/${rounds}: a lease nobody reads, released by the router`)
       await dProxy.down()
       const status = await post(`${url}/v1/completions`, { model: MODEL, prompt: prompt(), max_tokens: 4 }).finally(() => dProxy.up())
-      const routed = await pFree(5000)
+      const routed = await p.msUntilNoKv(5000)
       if (status === 200) throw new Error('D was down, yet the request was answered 200')
       say(`round ${r}/${rounds}: the same, stock (a prefill nobody reads or releases)`)
       if ((await post(`${p.url}/v1/completions`, prefillBody({ model: MODEL, prompt: prompt(), max_tokens: 4 }))) !== 200) throw new Error('P refused a prefill')
-      const stock = await pFree(leaseSeconds * 1000 + 10_000)
+      const stock = await p.msUntilNoKv(leaseSeconds * 1000 + 10_000)
       rows.push(`| a lease nobody reads: P's KV freed after the client's answer (round ${r}) | ${routed.toFixed(0)} ms | ${stock.toFixed(0)} ms (kv_lease_duration ${leaseSeconds} s) | ${(stock / routed).toFixed(0)}× |`)
     }
 

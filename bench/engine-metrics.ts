@@ -51,4 +51,11 @@ export abstract class ScrapedEngine {
   metric(name: string): Promise<number> {
     return metric(this.url, name)
   }
+
+  /** ms until the engine holds no KV block (vllm:kv_cache_usage_perc 0), polled; NaN if not within limitMs. */
+  async msUntilNoKv(limitMs: number, stepMs = 10): Promise<number> {
+    const from = performance.now()
+    while (performance.now() - from < limitMs && (await this.metric('vllm:kv_cache_usage_perc')) > 0) await new Promise((r) => setTimeout(r, stepMs))
+    return (await this.metric('vllm:kv_cache_usage_perc')) === 0 ? performance.now() - from : Number.NaN
+  }
 }

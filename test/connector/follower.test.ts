@@ -3,7 +3,7 @@ import { spawn } from 'node:child_process'
 import { createInterface } from 'node:readline'
 import { setTimeout as sleep } from 'node:timers/promises'
 import { freePort } from '../../common/ports.js'
-import { get, post, startRouter } from '../helpers/cluster.js'
+import { get, post, startRouter, waitFor } from '../helpers/cluster.js'
 import { needRedis, startRedis } from '../helpers/redis.js'
 
 /*
@@ -26,16 +26,6 @@ const instances = [
 ]
 
 type Line = { started?: boolean; new_log?: boolean; event?: { seq: number; type: string; engineIds?: string[] } }
-
-async function until<T>(ms: number, check: () => T | undefined | Promise<T | undefined>): Promise<T | undefined> {
-  const end = Date.now() + ms
-  while (Date.now() < end) {
-    const v = await check()
-    if (v !== undefined && v !== false) return v
-    await sleep(20)
-  }
-  return undefined
-}
 
 t.test('the connector’s follower: every router in turn, each event once, acknowledged, across a failover', { skip: needRedis(t) }, async (t) => {
   const redis = await startRedis(t)
@@ -63,7 +53,7 @@ t.test('the connector’s follower: every router in turn, each event once, ackno
     const d0 = res.json<{ instances: { id: string; agents: { agentId: string; kind: string; acked: number | null; streams: number }[] }[] }>().instances.find((i) => i.id === 'd0')
     return d0?.agents.find((x) => x.agentId === 'vllm-d-engine')
   }
-  const registered = await until(15_000, async () => ((await topologyAgent(a.url))?.streams ?? 0) > 0)
+  const registered = await waitFor(async () => ((await topologyAgent(a.url))?.streams ?? 0) > 0, 15_000)
   t.ok(registered, 'past the dead first URL, it registered with the next router and opened its stream', { stderr })
   t.match(await topologyAgent(a.url), { kind: 'vllm-connector' }, 'as a vLLM connector, tied to the decoder at its engine URL')
 
@@ -72,14 +62,14 @@ t.test('the connector’s follower: every router in turn, each event once, ackno
     t.equal((await post(`${a.url}/v1/agents`, { agentId: `a-${id}`, engineId: id, role: 'prefill', agentUrl: `http://127.0.0.1:${port}` }, agent)).status, 200)
   }
   const first = (await post(`${a.url}/fault_tolerance/event`, { event_type: 'peer_gone', nodes: { engine_ids: ['p-old-1'] } }, admin)).json<{ seq: number }>()
-  t.ok(await until(10_000, () => seqs().includes(first.seq)), `peer_gone seq ${first.seq} reached the follower`)
-  t.ok(await until(10_000, async () => (await topologyAgent(a.url))?.acked === first.seq), 'and was acknowledged')
+  t.ok(await waitFor(() => seqs().includes(first.seq), 10_000), `peer_gone seq ${first.seq} reached the follower`)
+  t.ok(await waitFor(async () => (await topologyAgent(a.url))?.acked === first.seq, 10_000), 'and was acknowledged')
 
   // Router a goes away; b has the same log. What is logged meanwhile arrives once, after seq 1.
   await a.app.close()
   const second = (await post(`${b.url}/fault_tolerance/event`, { event_type: 'peer_gone', nodes: { engine_ids: ['p-old-2'] } }, admin)).json<{ seq: number }>()
-  t.ok(await until(15_000, () => seqs().includes(second.seq)), `peer_gone seq ${second.seq}, logged while its router was gone, reached it through the other router`, { stderr })
-  t.ok(await until(10_000, async () => (await topologyAgent(b.url))?.acked === second.seq), 'and was acknowledged there')
+  t.ok(await waitFor(() => seqs().includes(second.seq), 15_000), `peer_gone seq ${second.seq}, logged while its router was gone, reached it through the other router`, { stderr })
+  t.ok(await waitFor(async () => (await topologyAgent(b.url))?.acked === second.seq, 10_000), 'and was acknowledged there')
   await sleep(300)
   t.same(seqs(), [first.seq, second.seq], 'each event exactly once, in order (the resume named the last sequence received)')
   t.notOk(lines.some((l) => l.new_log), 'the same log all along: no start over')

@@ -179,19 +179,12 @@ t.test('the KV lease with real vLLM P/D behind the router', { skip }, async (t) 
     if (after.routed.status === 200) t.same(texts(after.routed), texts(after.direct))
   })
 
-  /** ms until P holds no KV block (bounded), polled every 20 ms. */
-  const untilPFree = async (limitMs: number): Promise<number> => {
-    const from = Date.now()
-    while (Date.now() - from < limitMs && (await P.metric('vllm:kv_cache_usage_perc')) > 0) await sleep(20)
-    return (await P.metric('vllm:kv_cache_usage_perc')) === 0 ? Date.now() - from : Infinity
-  }
-
   // Issue 20: a lease nobody will read. The router knows at once (here: the only decoder
   // refuses the connection after P prefilled, so D never got the params) and logs a
   // lease_release for P. Stock vLLM has nobody to tell it and holds the blocks for
   // kv_lease_duration; P's handoff connector frees them on the event.
   await t.test('a lease nobody will read: the router’s lease_release frees P’s KV at once; stock vLLM holds it for the lease', async (t) => {
-    t.ok(Number.isFinite(await untilPFree(LEASE_S * 1000 + 5000)), 'P holds no KV before the case')
+    t.ok(Number.isFinite(await P.msUntilNoKv(LEASE_S * 1000 + 5000)), 'P holds no KV before the case')
     const releasedBefore = await P.metric('vllm:handoff_leases_released_total')
     await dProxy.down()
     let answer: Answer
@@ -200,7 +193,7 @@ t.test('the KV lease with real vLLM P/D behind the router', { skip }, async (t) 
     } finally {
       await dProxy.up()
     }
-    const routed = await untilPFree(5000)
+    const routed = await P.msUntilNoKv(5000)
     t.not(answer.status, 200, `D refused: the client gets a coded error (${answer.status} ${String(errorCode(answer))})`)
     t.equal((await get(`${url}/leases`, admin)).json<{ released: Record<string, number> }>().released.decode_failed, 1, 'the router released the lease (decode_failed)')
     t.equal((await P.metric('vllm:handoff_leases_released_total')) - releasedBefore, 1, 'P’s connector freed it on the router’s word (vllm:handoff_leases_released_total)')
@@ -212,10 +205,10 @@ t.test('the KV lease with real vLLM P/D behind the router', { skip }, async (t) 
     const direct = await call(P.url, '/v1/completions', { model: MODEL, prompt: prompt('stock'), max_tokens: 1, ignore_eos: true, temperature: 0, kv_transfer_params: kvParams })
     t.equal(direct.status, 200)
     t.ok((await P.metric('vllm:kv_cache_usage_perc')) > 0, 'P holds that prompt’s KV for a decoder')
-    const stock = await untilPFree(LEASE_S * 1000 + 10_000)
-    t.comment(`P's KV freed ${routed} ms after the client's answer with the router's lease_release; ${stock} ms without (kv_lease_duration ${LEASE_S} s): ${(stock / Math.max(routed, 1)).toFixed(0)}x`)
-    t.ok(routed < 1000, `with the connector: freed in well under a second (${routed} ms)`)
-    t.ok(stock >= (LEASE_S - 1) * 1000, `stock: held for the lease (${stock} ms)`)
+    const stock = await P.msUntilNoKv(LEASE_S * 1000 + 10_000)
+    t.comment(`P's KV freed ${routed.toFixed(0)} ms after the client's answer with the router's lease_release; ${stock.toFixed(0)} ms without (kv_lease_duration ${LEASE_S} s): ${(stock / Math.max(routed, 1)).toFixed(0)}x`)
+    t.ok(routed < 1000, `with the connector: freed in well under a second (${routed.toFixed(0)} ms)`)
+    t.ok(stock >= (LEASE_S - 1) * 1000, `stock: held for the lease (${stock.toFixed(0)} ms)`)
     t.ok(stock / Math.max(routed, 1) >= 10, 'at least 10x sooner')
   })
 

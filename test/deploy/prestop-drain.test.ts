@@ -1,14 +1,13 @@
-import { spawn } from 'node:child_process'
 import { once } from 'node:events'
 import { createServer } from 'node:http'
 import type { AddressInfo } from 'node:net'
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs'
 import { tmpdir } from 'node:os'
-import { dirname, join, resolve } from 'node:path'
-import { fileURLToPath } from 'node:url'
+import { join } from 'node:path'
 import t from 'tap'
 import { request } from 'undici'
 import { spawnService } from '../../common/spawn.js'
+import { runPrestopHook } from '../../bench/prestop-hook.js'
 import { freePort } from '../../common/ports.js'
 import { get } from '../helpers/cluster.js'
 import { complete, completionBody, sleep, startEngine, stuckRequest, tally, within, type Outcome } from '../helpers/pd-agents.js'
@@ -23,38 +22,12 @@ import { needNixl, probeNixl } from '../native/helpers.js'
  * router's /leases shows no unread lease of that prefiller and /topology nothing in flight,
  * while no client request fails (a second prefiller takes the new work).
  */
-const script = resolve(dirname(fileURLToPath(import.meta.url)), '../../deploy/helm/handoff/files/prestop-drain.py')
 const LEASE_S = 10
 const ADMIN = 'admin-token-prestop-0123'
 const admin = { authorization: `Bearer ${ADMIN}` }
 const NS = 'llm'
 const P0 = `k8s:${NS}:prefill-0`
 const probe = await probeNixl()
-
-interface Run {
-  code: number | null
-  stderr: string
-  /** performance.now() when the process exited. */
-  exitedAt: number
-}
-
-/** Runs the script as the kubelet would (python3, the pod's env); never rejects. */
-function runScript(args: string[], env: Record<string, string>): { done: Promise<Run>; running(): boolean; stderr(): string } {
-  const child = spawn('python3', [script, ...args], { env: { PATH: process.env.PATH ?? '', ...env }, stdio: ['ignore', 'ignore', 'pipe'] })
-  let stderr = ''
-  child.stderr.on('data', (d: Buffer) => (stderr += d.toString()))
-  let exited = false
-  const done = new Promise<Run>((resolve) => {
-    child.once('error', (err) => resolve({ code: -1, stderr: `${stderr}\n${err.message}`, exitedAt: performance.now() }))
-    child.once('exit', (code) => {
-      exited = true
-      // stderr may still hold a last chunk: 'close' follows once the pipe is drained.
-      child.once('close', () => resolve({ code, stderr, exitedAt: performance.now() }))
-      if (child.stderr.closed) resolve({ code, stderr, exitedAt: performance.now() })
-    })
-  })
-  return { done, running: () => !exited, stderr: () => stderr }
-}
 
 interface LeaseView {
   byPrefill: Record<string, number>
@@ -104,7 +77,7 @@ t.test('the preStop drain script against a real router', { skip: needNixl(t, pro
 
   t.test('an instance the router does not know: exit 0 at once', async (t) => {
     const started = performance.now()
-    const run = await runScript(['--router-url', router.url, '--deadline-seconds', '20'], podEnv('not-there')).done
+    const run = await runPrestopHook(['--router-url', router.url, '--deadline-seconds', '20'], podEnv('not-there')).done
     t.equal(run.code, 0, run.stderr)
     t.match(run.stderr, /k8s:llm:not-there is not known to .* \(404\)/)
     t.ok(performance.now() - started < 5000, 'at once')
@@ -112,7 +85,7 @@ t.test('the preStop drain script against a real router', { skip: needNixl(t, pro
 
   t.test('a dead first router URL: the script goes on to the next', async (t) => {
     const dead = `http://127.0.0.1:${await freePort()}`
-    const run = await runScript(['--router-url', `${dead},${router.url}`, '--deadline-seconds', '20'], podEnv('not-there-either')).done
+    const run = await runPrestopHook(['--router-url', `${dead},${router.url}`, '--deadline-seconds', '20'], podEnv('not-there-either')).done
     t.equal(run.code, 0, run.stderr)
     t.match(run.stderr, new RegExp(`${dead}: .*[Rr]efused`), 'the dead one was tried first')
     t.match(run.stderr, new RegExp(`not known to ${router.url}`), 'the second one answered')
@@ -120,13 +93,13 @@ t.test('the preStop drain script against a real router', { skip: needNixl(t, pro
 
   t.test('every router dead: exit 2 after the retries', async (t) => {
     const dead = `http://127.0.0.1:${await freePort()}`
-    const run = await runScript(['--router-url', dead, '--deadline-seconds', '20', '--retries', '2'], podEnv('prefill-0')).done
+    const run = await runPrestopHook(['--router-url', dead, '--deadline-seconds', '20', '--retries', '2'], podEnv('prefill-0')).done
     t.equal(run.code, 2, run.stderr)
     t.match(run.stderr, /FAILED: no router reachable after 2 rounds/)
   })
 
   t.test('a wrong admin token: exit 4 with the reason', async (t) => {
-    const run = await runScript(['--router-url', router.url], { POD_NAMESPACE: NS, POD_NAME: 'prefill-0', HANDOFF_ADMIN_TOKEN: 'wrong-token-123' }).done
+    const run = await runPrestopHook(['--router-url', router.url], { POD_NAMESPACE: NS, POD_NAME: 'prefill-0', HANDOFF_ADMIN_TOKEN: 'wrong-token-123' }).done
     t.equal(run.code, 4, run.stderr)
     t.match(run.stderr, /answered 401/)
     t.match(run.stderr, /FAILED: every router refused/)
@@ -177,7 +150,7 @@ t.test('the preStop drain script against a real router', { skip: needNixl(t, pro
       'P0 has unread leases',
     )
     const started = performance.now()
-    const hook = runScript(['--router-url', router.url, '--deadline-seconds', '30', '--progress-seconds', '0.3'], podEnv('prefill-0'))
+    const hook = runPrestopHook(['--router-url', router.url, '--deadline-seconds', '30', '--progress-seconds', '0.3'], podEnv('prefill-0'))
     await sleep(1500)
     t.ok(hook.running(), 'the script still blocks while P0 has unread leases')
     d0.agent.child.kill('SIGCONT')
@@ -223,7 +196,7 @@ t.test('the preStop drain script against a real router', { skip: needNixl(t, pro
     )
     const pod = holder.split(':')[2] ?? ''
     const started = performance.now()
-    const run = await runScript(['--router-url', router.url, '--deadline-seconds', '1.5', '--progress-seconds', '0.5'], podEnv(pod)).done
+    const run = await runPrestopHook(['--router-url', router.url, '--deadline-seconds', '1.5', '--progress-seconds', '0.5'], podEnv(pod)).done
     const took = performance.now() - started
     t.equal(run.code, 1, run.stderr)
     t.match(run.stderr, new RegExp(`FAILED: deadline \\(1.5 s\\) passed with ${holder} not drained: \\d+ in flight, 1 unread lease\\(s\\)`))
@@ -243,7 +216,7 @@ t.test('the preStop drain script against a real router', { skip: needNixl(t, pro
       })) >= 0,
       'a lease is held',
     )
-    const script = runScript(['--router-url', router.url, '--deadline-seconds', '20', '--progress-seconds', '0.3'], podEnv(holder.split(':')[2] ?? ''))
+    const script = runPrestopHook(['--router-url', router.url, '--deadline-seconds', '20', '--progress-seconds', '0.3'], podEnv(holder.split(':')[2] ?? ''))
     t.ok((await within(5000, async () => script.stderr().includes(`waiting for ${holder}`))) >= 0, 'the script waits on the held lease')
     const del = await request(`${router.url}/admin/instances/${encodeURIComponent(holder)}`, { method: 'DELETE', headers: admin })
     t.equal(del.statusCode, 200)
@@ -273,7 +246,7 @@ t.test('a router that forgets the instance between two polls (404 after it answe
   await once(server, 'listening')
   t.teardown(() => server.close())
   const url = `http://127.0.0.1:${(server.address() as AddressInfo).port}`
-  const run = await runScript(['--router-url', url, '--deadline-seconds', '10', '--progress-seconds', '0.2'], { POD_NAMESPACE: NS, POD_NAME: 'prefill-0', HANDOFF_ADMIN_TOKEN: ADMIN }).done
+  const run = await runPrestopHook(['--router-url', url, '--deadline-seconds', '10', '--progress-seconds', '0.2'], { POD_NAMESPACE: NS, POD_NAME: 'prefill-0', HANDOFF_ADMIN_TOKEN: ADMIN }).done
   t.equal(run.code, 0, run.stderr)
   t.equal(calls, 2)
   t.match(run.stderr, /waiting for k8s:llm:prefill-0: 0 in flight, 1 unread lease/)

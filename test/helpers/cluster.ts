@@ -1,3 +1,6 @@
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs'
+import { tmpdir } from 'node:os'
+import { join } from 'node:path'
 import { Writable } from 'node:stream'
 import type { FastifyInstance } from 'fastify'
 import pino from 'pino'
@@ -52,6 +55,50 @@ export async function startRouter(
   const url = await app.listen({ host: '127.0.0.1', port: listenPort ?? 0 })
   t.teardown(() => app.close())
   return { app, url, logs }
+}
+
+/** A router process (`handoff router --config`) that a test can crash and start again. */
+export interface RouterProcess {
+  readonly url: string
+  /** The process running now (another one after a restart). */
+  readonly service: SpawnedService
+  /** SIGKILL, as a crash or an OOM kill would end it; resolves once it exited. */
+  crash(): Promise<void>
+  /** A new process with the same config: at the same URL when the config names its port. */
+  restart(): Promise<void>
+}
+
+/** Starts a router process from `config` (a config file's content); stopped when the test ends. */
+export async function spawnRouter(t: Teardown, config: Record<string, unknown>, env?: NodeJS.ProcessEnv): Promise<RouterProcess> {
+  const dir = mkdtempSync(join(tmpdir(), 'handoff-router-'))
+  const file = join(dir, 'router.json')
+  writeFileSync(file, JSON.stringify({ port: 0, logLevel: 'warn', ...config }))
+  const start = () => spawnService({ args: ['router', '--config', file], ...(env ? { env } : {}) })
+  let service = await start()
+  t.teardown(async () => {
+    await service.stop()
+    rmSync(dir, { recursive: true, force: true })
+  })
+  const crash = async (): Promise<void> => {
+    const { child } = service
+    if (child.exitCode !== null || child.signalCode !== null) return
+    const exited = new Promise((resolve) => child.once('exit', resolve))
+    child.kill('SIGKILL')
+    await exited
+  }
+  return {
+    get url() {
+      return service.url
+    },
+    get service() {
+      return service
+    },
+    crash,
+    async restart() {
+      await crash()
+      service = await start()
+    },
+  }
 }
 
 export interface Posted {

@@ -1,11 +1,8 @@
-import { mkdtempSync, writeFileSync } from 'node:fs'
-import { tmpdir } from 'node:os'
-import { join } from 'node:path'
 import { request } from 'undici'
 import { freePort } from '../../common/ports.js'
 import { spawnService, type SpawnedService } from '../../common/spawn.js'
 import { oracleForBody } from '../../sim/src/oracle.js'
-import type { Teardown } from './cluster.js'
+import { spawnRouter, type Teardown } from './cluster.js'
 
 /*
  * Real P/D clusters in agent mode for scenario tests: every engine is a simulator process
@@ -113,13 +110,8 @@ export async function startEngine(t: Teardown, opts: EngineOptions): Promise<Eng
 
 /** A router process in front of `engines` (config file written to a temp folder). */
 export async function startRouterProcess(t: Teardown, engines: Engine[], config: Record<string, unknown> = {}): Promise<SpawnedService> {
-  const dir = mkdtempSync(join(tmpdir(), 'handoff-router-'))
-  const file = join(dir, 'router.json')
   const instances = engines.map((e, i) => ({ id: `${e.opts.role}-${i}`, role: e.opts.role, url: e.sim.url }))
-  writeFileSync(file, JSON.stringify({ port: 0, logLevel: 'warn', instances, ...config }))
-  const router = await spawnService({ args: ['router', '--config', file] })
-  t.teardown(() => router.stop())
-  return router
+  return (await spawnRouter(t, { instances, ...config })).service
 }
 
 export interface Outcome {

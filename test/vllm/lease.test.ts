@@ -1,24 +1,30 @@
 import t from 'tap'
 import { request } from 'undici'
 import { freePort } from '../../common/ports.js'
-import { get, sseEvents, startRouter, streamedText } from '../helpers/cluster.js'
+import { get, post, sseEvents, spawnRouter, streamedText, waitFor } from '../helpers/cluster.js'
+import { needRedis, startRedis } from '../helpers/redis.js'
 import { startTcpProxy } from '../../bench/tcp-proxy.js'
+import { drainUnderLoad } from '../../bench/drain-case.js'
 import { call, errorCode, MODEL, needVllm, startVllm, texts, type Answer, type VllmEngine } from '../helpers/vllm.js'
 
 /*
  * Issues 19 and 20: the KV lease with real vLLM 0.32 engines (P/D over NIXL on CPU), with an
- * 8 s kv_lease_duration so a decoder can be frozen past it in seconds. Its own pair of
- * engines: these cases freeze and kill them, and must not leave pd.test.ts's engines (stock
+ * 8 s kv_lease_duration so a decoder can be frozen past it in seconds. Its own engines: these
+ * cases drain, freeze and kill them, and must not leave pd.test.ts's engines (stock
  * NixlConnector) in that state. D is frozen with SIGSTOP so that the order of events around
  * the lease is certain.
  *
  * These engines run handoff's connector (issue 20: transfer-agent/vllm), wired as in
- * production: they follow the router's agent event stream with the agent token. Everything
- * the stock connector does still happens (the cases of issue 19 hold unchanged); what it adds
- * is timed against what stock vLLM does on the same engines in the same run.
+ * production: they follow the router's agent event stream with the agent token, and the
+ * router is a process on Redis, so that it can crash and come back with its event log.
+ * Everything the stock connector does still happens (the cases of issue 19 hold unchanged);
+ * what it adds is timed against what stock vLLM does on the same engines in the same run.
+ * A second prefiller, P2, starts with them but joins the router only once P was killed (a
+ * pod scaled up): it is then drained under load. Before, it idles, and it must: on 2 cores it
+ * shares P's, and two busy engines on one core starve each other for a minute at a time.
  */
 
-const skip = needVllm(t)
+const skip = needVllm(t) || needRedis(t)
 const LEASE_S = 8
 const AGENT = 'agent-token-vllm-lease'
 const ADMIN = 'admin-token-vllm-lease'
@@ -26,44 +32,52 @@ const ADMIN = 'admin-token-vllm-lease'
 // A frozen D is not refused but times out, and a probe round waits for its timeout: 8 rounds
 // take 48 s, far beyond any freeze here (16 s at most).
 const HEALTH = { intervalMs: 1000, timeoutMs: 5000, unhealthyThreshold: 8 }
+const ENGINE_TTL_S = 3600
 t.setTimeout(900_000)
 
 let n = 0
 /** A prompt no earlier case used (D's prefix cache must not serve it). */
 const prompt = (tag: string): string => `${tag} ${n++} the quick brown fox jumps over the lazy dog and the kv cache block lease`
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms))
+/** How often the engine's whole log matched `re` (a /g expression). */
+const logged = (e: VllmEngine, re: RegExp): number => (e.tail(Number.POSITIVE_INFINITY).match(re) ?? []).length
 
 t.test('the KV lease with real vLLM P/D behind the router', { skip }, async (t) => {
-  // The engines start first and follow the router at the port it will listen on.
+  // The engines start first and follow the router at the port it will listen on; P follows
+  // it through a proxy the test can cut (events then wait for P in the router's log).
   const routerPort = await freePort()
-  const handoff = { routerUrls: [`http://127.0.0.1:${routerPort}`], token: AGENT }
-  const [P, D] = (await startVllm(t, [
-    { role: 'prefill', leaseSeconds: LEASE_S, handoff },
-    { role: 'decode', leaseSeconds: LEASE_S, handoff },
-  ])) as [VllmEngine, VllmEngine]
+  const pFollow = await startTcpProxy({ host: '127.0.0.1', port: routerPort }, (stop) => t.teardown(stop))
+  const direct = { routerUrls: [`http://127.0.0.1:${routerPort}`], token: AGENT }
+  // In this order, P and D get cores of their own; P2 gets P's, busy only once P is gone.
+  const [P, D, P2] = (await startVllm(t, [
+    { role: 'prefill', leaseSeconds: LEASE_S, handoff: { routerUrls: [pFollow.url], token: AGENT } },
+    { role: 'decode', leaseSeconds: LEASE_S, handoff: direct },
+    { role: 'prefill', leaseSeconds: LEASE_S, handoff: direct },
+  ])) as [VllmEngine, VllmEngine, VllmEngine]
   // D behind a proxy the test can take down: a decoder that refuses connections, then is back.
   const dProxy = await startTcpProxy({ host: '127.0.0.1', port: D.port }, (stop) => t.teardown(stop))
-  const { url } = await startRouter(
-    t,
-    [
+  const redis = await startRedis(t)
+  const router = await spawnRouter(t, {
+    port: routerPort,
+    agentToken: AGENT,
+    adminToken: ADMIN,
+    store: { kind: 'redis', url: redis.url },
+    instances: [
       { id: 'p0', role: 'prefill', url: P.url },
       { id: 'd0', role: 'decode', url: dProxy.url },
     ],
-    {
-      listenPort: routerPort,
-      agentToken: AGENT,
-      adminToken: ADMIN,
-      // The router judges reads by the engines' lease.
-      leases: { leaseSeconds: LEASE_S, marginMs: 1000 },
-      // A frozen D's stream head is waited for longer than it is frozen: the case is about
-      // what the router does when D answers late, not about a timeout.
-      timeouts: { decodeHeadersMs: 60_000, idleMs: 60_000 },
-      health: HEALTH,
-    },
-  )
+    // The router judges reads by the engines' lease.
+    leases: { leaseSeconds: LEASE_S, marginMs: 1000 },
+    // A frozen D's stream head is waited for longer than it is frozen: the case is about
+    // what the router does when D answers late, not about a timeout.
+    timeouts: { decodeHeadersMs: 60_000, idleMs: 60_000 },
+    health: HEALTH,
+  })
+  const url = router.url
   const admin = { authorization: `Bearer ${ADMIN}` }
-  const p0 = async () =>
-    (await get(`${url}/topology`, admin)).json<{ instances: { id: string; engineId: string | null; agents: { kind: string; streams: number; acked: number | null }[] }[] }>().instances.find((i) => i.id === 'p0')
+  type InstanceView = { id: string; engineId: string | null; agents: { kind: string; streams: number; acked: number | null }[] }
+  const instance = async (id: string): Promise<InstanceView | undefined> => (await get(`${url}/topology`, admin)).json<{ instances: InstanceView[] }>().instances.find((i) => i.id === id)
+  const p0 = () => instance('p0')
 
   const both = async (tag: string): Promise<{ routed: Answer; direct: Answer }> => {
     const body = { model: MODEL, prompt: prompt(tag), max_tokens: 4, temperature: 0 }
@@ -88,7 +102,7 @@ t.test('the KV lease with real vLLM P/D behind the router', { skip }, async (t) 
     t.same(texts(r.routed), texts(r.direct), 'the greedy text')
   })
 
-  await t.test('both engines follow the router’s events through handoff’s connector', async (t) => {
+  await t.test('every engine follows the router’s events through handoff’s connector', async (t) => {
     const ms = Date.now()
     let prefill = await p0()
     while (Date.now() - ms < 30_000 && !(prefill?.agents.some((a) => a.streams > 0) && prefill.engineId)) {
@@ -97,7 +111,54 @@ t.test('the KV lease with real vLLM P/D behind the router', { skip }, async (t) 
     }
     t.match(prefill?.agents, [{ kind: 'vllm-connector', streams: 1 }], 'P’s connector registered at P’s URL and holds a stream')
     t.ok(prefill?.engineId, `the router knows P’s engine_id ${prefill?.engineId} from its answers`)
-    t.match(D.tail(400), /follows the router's events/, 'D’s connector follows the router too')
+    for (const [name, e] of [['D', D], ['P2', P2]] as const) t.match(e.tail(400), /follows the router's events/, `${name}’s connector follows the router too`)
+  })
+
+  // Issue 20: the router crashes while an event waits for an engine. P's connector is cut off
+  // from the router (its proxy down) when the router logs a lease_release for P; the router
+  // is then SIGKILLed and started again on the same Redis. Once P reaches the new router, its
+  // connector resumes after the last sequence it applied and gets the event from the log.
+  // Whether it still finds the blocks held depends on the restart beating the 8 s lease: a
+  // router serves once it has probed its engines, about 1 s on an idle machine but 6-10 s
+  // here, where P's busy steps (it holds the lease) slow its /health and the router's own
+  // start. So: the event is applied once, and the blocks are freed once, by it or P's reaper.
+  await t.test('the router crashes while a lease_release waits for P: the restarted router delivers it from its log', async (t) => {
+    t.ok(Number.isFinite(await P.msUntilNoKv(LEASE_S * 1000 + 5000)), 'P holds no KV before the case')
+    const [releasedBefore, appliedBefore, reapedBefore] = [
+      await P.metric('vllm:handoff_leases_released_total'),
+      await P.metric('vllm:handoff_events_applied_total'),
+      logged(P, /Releasing expired KV blocks/g),
+    ]
+    const ackedBefore = (await p0())?.agents[0]?.acked ?? 0
+    await pFollow.down()
+    await dProxy.down()
+    let answer: Answer
+    try {
+      answer = await call(url, '/v1/completions', { model: MODEL, prompt: prompt('pending'), max_tokens: 4, temperature: 0 })
+    } finally {
+      await dProxy.up()
+    }
+    const answered = Date.now()
+    t.not(answer.status, 200, `D refused: the router released the lease (${answer.status} ${String(errorCode(answer))})`)
+    t.ok((await P.metric('vllm:kv_cache_usage_perc')) > 0, 'P still holds the KV: the lease_release waits in the log')
+    await router.restart()
+    const restarted = Date.now() - answered
+    await pFollow.up()
+    const line = /handoff: lease_release \(seq (\d+), decode_failed\)/
+    t.ok(await waitFor(async () => (await P.metric('vllm:handoff_events_applied_total')) > appliedBefore, 15_000), 'P applied an event from the restarted router')
+    t.equal((await P.metric('vllm:handoff_events_applied_total')) - appliedBefore, 1, 'exactly one')
+    t.ok(Number.isFinite(await P.msUntilNoKv(LEASE_S * 1000)), 'P holds no KV')
+    const byEvent = (await P.metric('vllm:handoff_leases_released_total')) - releasedBefore
+    const byReaper = logged(P, /Releasing expired KV blocks/g) - reapedBefore
+    t.equal(byEvent + byReaper, 1, 'the blocks were freed once')
+    t.comment(`the router restarted ${restarted} ms after the client's answer; P's KV was freed by ${byEvent ? 'the lease_release' : 'its own reaper at the lease end'} (kv_lease_duration ${LEASE_S} s)`)
+    if (byEvent) t.match(P.tail(400), line, 'and logged the lease_release')
+    // The restarted router's view of the event P applied: after what P had applied before.
+    const acked = await waitFor(async () => ((await p0())?.agents[0]?.acked ?? 0) > ackedBefore, 5000)
+    const seq = (await p0())?.agents[0]?.acked ?? 0
+    t.ok(acked, `P acknowledged seq ${seq} to the restarted router, after ${ackedBefore}, its last before the crash`)
+    const delivery = (await get(`${url}/fault_tolerance/events/${seq}`, admin)).json<{ type: string; complete: boolean }>()
+    t.match(delivery, { type: 'lease_release', complete: true }, 'the lease_release the old router logged, read from the shared log')
   })
 
   /** A router counter summed over its label sets. */
@@ -107,6 +168,8 @@ t.test('the KV lease with real vLLM P/D behind the router', { skip }, async (t) 
     for (const m of text.matchAll(new RegExp(`^${name}(\\{[^}]*\\})? ([0-9.e+-]+)$`, 'gm'))) if ((m[1] ?? '').includes(labels)) sum += Number(m[2])
     return sum
   }
+  /** Leases the router released because D failed (GET /leases). */
+  const decodeFailed = async (): Promise<number> => (await get(`${url}/leases`, admin)).json<{ released: Record<string, number> }>().released.decode_failed ?? 0
   /** Waits until P has finished `n` more requests than `before` (its prefill legs). */
   const prefilled = async (before: number, n: number): Promise<void> => {
     const deadline = Date.now() + 60_000
@@ -186,6 +249,7 @@ t.test('the KV lease with real vLLM P/D behind the router', { skip }, async (t) 
   await t.test('a lease nobody will read: the router’s lease_release frees P’s KV at once; stock vLLM holds it for the lease', async (t) => {
     t.ok(Number.isFinite(await P.msUntilNoKv(LEASE_S * 1000 + 5000)), 'P holds no KV before the case')
     const releasedBefore = await P.metric('vllm:handoff_leases_released_total')
+    const releasedByRouter = await decodeFailed()
     await dProxy.down()
     let answer: Answer
     try {
@@ -195,7 +259,7 @@ t.test('the KV lease with real vLLM P/D behind the router', { skip }, async (t) 
     }
     const routed = await P.msUntilNoKv(5000)
     t.not(answer.status, 200, `D refused: the client gets a coded error (${answer.status} ${String(errorCode(answer))})`)
-    t.equal((await get(`${url}/leases`, admin)).json<{ released: Record<string, number> }>().released.decode_failed, 1, 'the router released the lease (decode_failed)')
+    t.equal((await decodeFailed()) - releasedByRouter, 1, 'the router released the lease (decode_failed)')
     t.equal((await P.metric('vllm:handoff_leases_released_total')) - releasedBefore, 1, 'P’s connector freed it on the router’s word (vllm:handoff_leases_released_total)')
     t.match(P.tail(400), /handoff: lease_release \(seq \d+, decode_failed\): freed the KV of 1 request/, 'and logged it')
 
@@ -256,7 +320,7 @@ t.test('the KV lease with real vLLM P/D behind the router', { skip }, async (t) 
       }
       await sleep(100)
     }
-    const ttl = 3600
+    const ttl = ENGINE_TTL_S
     t.comment(`D released dead P's NIXL state ${releasedAfter} ms after P was killed (the router's probes: ${HEALTH.unhealthyThreshold} refused, ${HEALTH.intervalMs} ms apart, then peer_gone); stock vLLM: engine_ttl ${ttl} s: ${((ttl * 1000) / releasedAfter).toFixed(0)}x`)
     t.ok(Number.isFinite(releasedAfter), 'D’s connector released P’s NIXL state on the router’s peer_gone')
     t.match(D.tail(2000), new RegExp(`handoff: peer_gone ${pEngine}`), 'and logged why')
@@ -264,4 +328,44 @@ t.test('the KV lease with real vLLM P/D behind the router', { skip }, async (t) 
     await P.stop()
   })
 
+  // Issue 20: a prefiller scaled down. The chart's preStop hook drains it through the router
+  // under load: the router sends it nothing new (P is dead: D serves the new requests alone)
+  // and the hook returns once nothing of it is left, no request in flight, no lease unread.
+  // Then the router logs peer_gone for its engine_id and D's connector releases its NIXL
+  // state. Stock vLLM keeps that state on D for engine_ttl (3600 s by default), or until
+  // another engine's handshake evicts stale ones.
+  await t.test('P2 drained under load by the preStop hook: no failed request, no block left; D releases its NIXL state at once', async (t) => {
+    // P2 joins, as discovery adds a pod that scaled up; D handshakes with it.
+    const added = await post(`${url}/admin/instances`, { id: 'p2', role: 'prefill', url: P2.url }, admin)
+    t.equal(added.status, 201, 'the router takes P2', { body: added.text })
+    let warm = await call(url, '/v1/completions', { model: MODEL, prompt: prompt('p2-warm'), max_tokens: 4, temperature: 0 })
+    for (let i = 0; i < 6 && warm.status !== 200; i++) {
+      t.comment(`p2-warm: ${warm.status} ${String(errorCode(warm))}; again`)
+      await sleep(1000)
+      warm = await call(url, '/v1/completions', { model: MODEL, prompt: prompt('p2-warm'), max_tokens: 4, temperature: 0 })
+    }
+    t.equal(warm.status, 200, 'P/D serves through P2', { body: warm.text.slice(0, 300) })
+    t.ok(await waitFor(async () => Boolean((await instance('p2'))?.agents.some((a) => a.streams > 0)), 10_000), 'P2’s connector holds a stream')
+    const p2Engine = (await instance('p2'))?.engineId
+    const run = await drainUnderLoad({ routerUrl: url, adminToken: ADMIN, instanceId: 'p2', drained: P2, decode: D, clients: 4, leadMs: 3000, prompt: () => prompt('drain') })
+    t.comment(
+      `drain: the hook returned after ${run.hookMs.toFixed(0)} ms (P2 held ${run.heldAtStart.inflight} in flight and ${run.heldAtStart.unreadLeases} unread lease(s) at its start); ` +
+        `${run.requests} requests, ${run.failures.length} failed; P2 held no KV ${run.kvFreedMs.toFixed(0)} ms after; D released P2's NIXL state ${run.releasedMs.toFixed(0)} ms after the hook started; stock: engine_ttl ${ENGINE_TTL_S} s: ${((ENGINE_TTL_S * 1000) / run.releasedMs).toFixed(0)}x`,
+    )
+    t.comment(run.hook.stderr.trim())
+    t.equal(run.hook.code, 0, 'the hook returned 0', { stderr: run.hook.stderr })
+    t.match(run.hook.stderr, /p2 (drained after|gone from .* \(404: drained and removed)/, 'once P2 was drained')
+    t.ok(run.heldAtStart.inflight + run.heldAtStart.unreadLeases > 0, `the hook started while P2 had work: ${run.heldAtStart.inflight} in flight, ${run.heldAtStart.unreadLeases} unread lease(s)`)
+    const seen = run.drainSeen ?? { afterMs: Number.NaN, inflight: 0, maxAfter: 0 }
+    t.ok(run.drainSeen, `the router showed P2 draining ${seen.afterMs.toFixed(0)} ms after the hook started (python3's start-up)`)
+    t.ok(seen.maxAfter <= seen.inflight, `and sent it nothing new from then on (in flight: ${seen.inflight} then, at most ${seen.maxAfter} after)`)
+    t.same(run.failures, [], `no request failed (${run.requests} in all)`)
+    t.ok(Number.isFinite(run.kvFreedMs) && run.kvFreedMs < 2000, 'P2 holds no KV block: D read all of it')
+    t.notOk(await instance('p2'), 'P2 is gone from the topology')
+    t.ok(Number.isFinite(run.releasedMs), 'D’s connector released P2’s NIXL state on the router’s peer_gone')
+    t.match(D.tail(2000), new RegExp(`handoff: peer_gone ${p2Engine} \\(seq \\d+, drained`), 'and logged why')
+    t.ok((ENGINE_TTL_S * 1000) / run.releasedMs >= 10, 'at least 10x sooner than stock vLLM')
+    // The kubelet's SIGTERM, once the hook returned.
+    await P2.stop()
+  })
 })

@@ -69,7 +69,7 @@ export async function openCore(config: RouterConfig, opts: CoreOptions): Promise
     onDelivered: (event, ms) => metrics.eventDelivery.observe({ type: event.type }, ms / 1000),
     // Redis came back empty: a new log, so every agent starts over (ending its stream makes it register again).
     onEventLogReset: () => agentStreams.endAll(),
-    metrics: { up: metrics.storeUp },
+    metrics: { up: metrics.storeUp, lost: metrics.storeConnectionsLost },
   })
   const shared = await store.share({ registry, agents })
   const engineNotifier = new EngineNotifier({

@@ -55,6 +55,12 @@ export function createRouterMetrics() {
       help: '1 while the shared store (Redis) answers, 0 while this router routes from its last topology without it; always 1 with the memory store',
       registers,
     }),
+    storeConnectionsLost: new Counter({
+      name: 'handoff_router_store_connections_lost_total',
+      help: "Connections to the shared store (Redis) that were ready and closed: the command connection, or a live reader's (the event log, the shared topology), which is also dropped when it carries nothing for its block time plus store.commandTimeoutMs",
+      labelNames: ['connection'] as const,
+      registers,
+    }),
     proberLeader: new Gauge({
       name: 'handoff_router_prober_leader',
       help: '1 while this router probes the engines for every router sharing its store (the prober leader), else 0',

@@ -1,9 +1,8 @@
 import t from 'tap'
-import { spawn } from 'node:child_process'
-import { createInterface } from 'node:readline'
 import { setTimeout as sleep } from 'node:timers/promises'
 import { freePort } from '../../common/ports.js'
 import { get, post, startRouter, waitFor } from '../helpers/cluster.js'
+import { startFollower } from '../helpers/follower.js'
 import { needRedis, startRedis } from '../helpers/redis.js'
 
 /*
@@ -18,14 +17,11 @@ const ADMIN = 'admin-token-follower'
 const AGENT = 'agent-token-follower'
 const admin = { authorization: `Bearer ${ADMIN}` }
 const agent = { authorization: `Bearer ${AGENT}` }
-const FOLLOWER = new URL('../../transfer-agent/vllm/tests/follow_router.py', import.meta.url).pathname
 
 const instances = [
   { id: 'p0', role: 'prefill' as const, url: 'http://127.0.0.1:9' },
   { id: 'd0', role: 'decode' as const, url: 'http://127.0.0.1:10' },
 ]
-
-type Line = { started?: boolean; new_log?: boolean; event?: { seq: number; type: string; engineIds?: string[] } }
 
 t.test('the connector’s follower: every router in turn, each event once, acknowledged, across a failover', { skip: needRedis(t) }, async (t) => {
   const redis = await startRedis(t)
@@ -33,20 +29,8 @@ t.test('the connector’s follower: every router in turn, each event once, ackno
   const a = await startRouter(t, instances, { probe: false, adminToken: ADMIN, agentToken: AGENT, store } as Parameters<typeof startRouter>[2])
   const b = await startRouter(t, instances, { probe: false, adminToken: ADMIN, agentToken: AGENT, store } as Parameters<typeof startRouter>[2])
   const dead = `http://127.0.0.1:${await freePort()}`
-  const child = spawn(
-    'python3',
-    [FOLLOWER, '--engine-id', 'd-engine', '--role', 'decode', '--agent-url', 'http://127.0.0.1:5601', '--engine-url', 'http://127.0.0.1:10', '--router', dead, '--router', a.url, '--router', b.url],
-    { env: { ...process.env, HANDOFF_AGENT_TOKEN: AGENT }, stdio: ['pipe', 'pipe', 'pipe'] },
-  )
-  let stderr = ''
-  child.stderr.on('data', (d: Buffer) => (stderr += d.toString()))
-  t.teardown(() => {
-    child.stdin.end()
-    child.kill('SIGKILL')
-  })
-  const lines: Line[] = []
-  createInterface({ input: child.stdout }).on('line', (l) => lines.push(JSON.parse(l) as Line))
-  const seqs = (): number[] => lines.flatMap((l) => (l.event ? [l.event.seq] : []))
+  const follower = startFollower(t, { engineId: 'd-engine', routers: [dead, a.url, b.url], token: AGENT })
+  const { lines, seqs, stderr } = follower
 
   const topologyAgent = async (url: string) => {
     const res = await get(`${url}/topology`, admin)
@@ -54,7 +38,7 @@ t.test('the connector’s follower: every router in turn, each event once, ackno
     return d0?.agents.find((x) => x.agentId === 'vllm-d-engine')
   }
   const registered = await waitFor(async () => ((await topologyAgent(a.url))?.streams ?? 0) > 0, 15_000)
-  t.ok(registered, 'past the dead first URL, it registered with the next router and opened its stream', { stderr })
+  t.ok(registered, 'past the dead first URL, it registered with the next router and opened its stream', { stderr: stderr() })
   t.match(await topologyAgent(a.url), { kind: 'vllm-connector' }, 'as a vLLM connector, tied to the decoder at its engine URL')
 
   // Engines the routers know (an agent registered them), then declared gone by ops.
@@ -68,7 +52,7 @@ t.test('the connector’s follower: every router in turn, each event once, ackno
   // Router a goes away; b has the same log. What is logged meanwhile arrives once, after seq 1.
   await a.app.close()
   const second = (await post(`${b.url}/fault_tolerance/event`, { event_type: 'peer_gone', nodes: { engine_ids: ['p-old-2'] } }, admin)).json<{ seq: number }>()
-  t.ok(await waitFor(() => seqs().includes(second.seq), 15_000), `peer_gone seq ${second.seq}, logged while its router was gone, reached it through the other router`, { stderr })
+  t.ok(await waitFor(() => seqs().includes(second.seq), 15_000), `peer_gone seq ${second.seq}, logged while its router was gone, reached it through the other router`, { stderr: stderr() })
   t.ok(await waitFor(async () => (await topologyAgent(b.url))?.acked === second.seq, 10_000), 'and was acknowledged there')
   await sleep(300)
   t.same(seqs(), [first.seq, second.seq], 'each event exactly once, in order (the resume named the last sequence received)')

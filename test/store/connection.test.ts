@@ -1,7 +1,8 @@
 import t from 'tap'
 import { ManualClock } from '../../common/clock.js'
 import { freePort } from '../../common/ports.js'
-import { redactUrl, StoreConnection, type StoreState } from '../../router/src/store/connection.js'
+import { READER_BLOCK_MS, redactUrl, StoreConnection, type StoreState } from '../../router/src/store/connection.js'
+import { startTcpProxy } from '../../bench/tcp-proxy.js'
 import { waitFor } from '../helpers/cluster.js'
 import { needRedis, startRedis } from '../helpers/redis.js'
 
@@ -78,6 +79,36 @@ t.test('with a real Redis', { skip: needRedis(t) }, async (t) => {
       t.ok(Date.now() - started >= 350, 'not cut at commandTimeoutMs')
     }
     await t.rejects(conn.client.xread('BLOCK', 400, 'STREAMS', 's', '$'), /timed out/, 'the command connection is cut')
+  })
+
+  t.test('a reader on a link that drops everything without a reset is dropped and opened again; degraded meanwhile (issue 21)', async (t) => {
+    const server = await startRedis(t)
+    const link = await startTcpProxy({ host: '127.0.0.1', port: server.port }, (stop) => t.teardown(stop))
+    const lost: string[] = []
+    const conn = await StoreConnection.open({ url: server.url, commandTimeoutMs: 200, maxBackoffMs: 200, metrics: { up: { set: () => {} }, lost: { inc: (l) => lost.push(l.connection) } } })
+    t.teardown(() => conn.close())
+    // The command connection goes straight to Redis; only the reader's link fails.
+    const reader = conn.duplicate({ port: link.port })
+    t.ok(await waitFor(() => reader.status === 'ready', 5000))
+    t.equal(await reader.xread('BLOCK', 50, 'STREAMS', 's', '$'), null, 'it reads through the link')
+    t.equal(conn.state.state, 'ok')
+    link.blackhole()
+    const started = Date.now()
+    const err = await reader.xread('BLOCK', READER_BLOCK_MS, 'STREAMS', 's', '$').then(
+      () => undefined,
+      (e: unknown) => e,
+    )
+    const took = Date.now() - started
+    t.type(err, Error, 'a read on the dead link fails, instead of ending as an empty block and leaving the socket in place')
+    t.ok(took >= READER_BLOCK_MS && took < READER_BLOCK_MS + 1500, `once the link carried nothing for the block time plus the command timeout (${took} ms)`)
+    t.equal(conn.state.state, 'degraded', 'the router is degraded: it would get no events')
+    t.same(lost, ['reader'], 'the loss is counted once, for the reader')
+    await new Promise((r) => setTimeout(r, 1500))
+    t.same(lost, ['reader'], 'attempts to connect through the dead link are not counted again')
+    link.heal()
+    t.ok(await waitFor(() => reader.status === 'ready', 5000), 'the reader connects again once the link lets connections through')
+    t.ok(await waitFor(() => conn.state.state === 'ok', 5000), 'ok again')
+    t.equal(await reader.xread('BLOCK', 50, 'STREAMS', 's', '$'), null)
   })
 
   t.test('close() ends every connection, duplicates included, and reports nothing after', async (t) => {

@@ -4,6 +4,19 @@ import { callEach, type StoreLogger, type StoreState, type StoreStateListener } 
 
 export type { StoreLogger, StoreState, StoreStateListener } from './store-state.js'
 
+/**
+ * How long a live reader's XREAD blocks, ms. Redis answers a block that found nothing when it
+ * ends, so a reader's connection that carries no byte for this long plus `commandTimeoutMs` is
+ * dead (a link that drops packets without a reset), and is dropped and opened again.
+ */
+export const READER_BLOCK_MS = 1000
+
+/** What a StoreConnection counts: `up` set to 1 while ok, 0 while degraded; `lost` a connection that was ready and closed. */
+export interface StoreConnectionMetrics {
+  up: { set(value: number): void }
+  lost?: { inc(labels: { connection: 'command' | 'reader' }): void }
+}
+
 export interface StoreConnectionOptions {
   /** redis://[[user]:password@]host:port[/db] or rediss://…, as in `store.url`. */
   url: string
@@ -17,8 +30,7 @@ export interface StoreConnectionOptions {
   /** Jitter for the backoff, in [0, 1) (default Math.random). */
   random?: () => number
   logger?: StoreLogger
-  /** A gauge-like hook: set to 1 while ok, 0 while degraded. */
-  metrics?: { up: { set(value: number): void } }
+  metrics?: StoreConnectionMetrics
 }
 
 /**
@@ -30,6 +42,9 @@ export interface StoreConnectionOptions {
  *
  * Before the first `ready`, commands wait for it, but fail with each failed connection
  * attempt; `open()` (or `whenReady()`) is the way to wait.
+ *
+ * The state is ok while the command connection and every reader connection that was ever
+ * ready are ready: a router whose reader is cut gets no events, so it is degraded too.
  */
 export class StoreConnection {
   /** The command connection. Not for blocking reads: those take a `duplicate()`. */
@@ -38,6 +53,8 @@ export class StoreConnection {
   readonly #clock: Clock
   readonly #opts: StoreConnectionOptions
   readonly #duplicates = new Set<Redis>()
+  /** Duplicates that were ready once: from then on, one that is not counts against the state. */
+  readonly #started = new WeakSet<Redis>()
   readonly #listeners = new Set<StoreStateListener>()
   readonly #ready: Promise<void>
   #state: StoreState
@@ -88,9 +105,7 @@ export class StoreConnection {
     // block short. Its copies are this class's reader-safe ones, closed with it.
     this.client.duplicate = (override) => this.duplicate(override)
     this.client.on('error', (err: Error) => this.#error(err))
-    this.client.on('ready', () => this.#set('ok'))
-    this.client.on('close', () => this.#set('degraded'))
-    this.client.on('end', () => this.#set('degraded'))
+    this.#watch(this.client, 'command')
     this.#ready = new Promise<void>((resolve) => {
       if (this.client.status === 'ready') resolve()
       else this.client.once('ready', () => resolve())
@@ -128,19 +143,34 @@ export class StoreConnection {
   }
 
   /**
-   * A new connection with the same settings, for blocking readers (XREAD BLOCK): no
-   * `commandTimeout` (it would cut every block short), a client-side guard on blocking
-   * commands instead (their BLOCK time plus `commandTimeoutMs`). Its errors are swallowed
-   * (the command connection reports the outage); `close()` closes it too. `client.duplicate()`
-   * comes here as well. `override` is applied last (ioredis options).
+   * A new connection with the same settings, for live readers (XREAD BLOCK READER_BLOCK_MS):
+   * no `commandTimeout` (it would cut every block short); instead a socket that carries no
+   * byte for READER_BLOCK_MS + `commandTimeoutMs` after a command is destroyed (a reconnect
+   * follows, and the pending read fails: the reader resumes from its cursor). ioredis's guard
+   * on blocking commands stays as a backstop, later. Its errors are recorded like the command
+   * connection's, and it counts in the state once it was ready; `close()` closes it too.
+   * So a read on it must not block for longer than READER_BLOCK_MS.
+   * `client.duplicate()` comes here as well. `override` is applied last (ioredis options).
    */
   duplicate(override: Partial<RedisOptions> = {}): Redis {
     const timeout = this.#opts.commandTimeoutMs ?? 1000
     const dup = failFastOnceReady(
-      new Redis({ ...this.client.options, enableOfflineQueue: true, commandTimeout: undefined, socketTimeout: undefined, blockingTimeout: 60_000, blockingTimeoutGrace: timeout, ...override }),
+      new Redis({
+        ...this.client.options,
+        enableOfflineQueue: true,
+        commandTimeout: undefined,
+        socketTimeout: READER_BLOCK_MS + timeout,
+        blockingTimeout: 60_000,
+        blockingTimeoutGrace: 2 * timeout,
+        ...override,
+      }),
     )
-    dup.on('error', () => {})
-    dup.once('end', () => this.#duplicates.delete(dup))
+    dup.on('error', (err: Error) => this.#error(err))
+    this.#watch(dup, 'reader')
+    dup.once('end', () => {
+      this.#duplicates.delete(dup)
+      this.#set(this.#healthy() ? 'ok' : 'degraded')
+    })
     this.#duplicates.add(dup)
     if (this.#closed) dup.disconnect()
     return dup
@@ -154,6 +184,28 @@ export class StoreConnection {
     // A duplicate may sit in a blocking read that a QUIT would queue behind: cut it.
     for (const dup of this.#duplicates) dup.disconnect()
     await quit(this.client, this.#opts.commandTimeoutMs ?? 1000)
+  }
+
+  /** Follows a connection's readiness into the state, and counts a ready one that closed. */
+  #watch(redis: Redis, connection: 'command' | 'reader'): void {
+    let live = false
+    redis.on('ready', () => {
+      live = true
+      this.#started.add(redis)
+      this.#set(this.#healthy() ? 'ok' : 'degraded')
+    })
+    redis.on('close', () => {
+      // Once per loss: the failed attempts to connect again close too.
+      if (live && !this.#closed) this.#opts.metrics?.lost?.inc({ connection })
+      live = false
+      this.#set('degraded')
+    })
+  }
+
+  #healthy(): boolean {
+    if (this.client.status !== 'ready') return false
+    for (const dup of this.#duplicates) if (this.#started.has(dup) && dup.status !== 'ready') return false
+    return true
   }
 
   #error(err: Error): void {

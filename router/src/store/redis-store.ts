@@ -34,7 +34,8 @@ export async function openRedisStore(deps: RouterStoreDeps): Promise<RouterStore
     deliveryEntries: config.events.deliveryEntries,
     ...(deps.onDelivered ? { onDelivered: deps.onDelivered } : {}),
     ...(deps.onEventLogReset ? { onReset: deps.onEventLogReset } : {}),
-    onError: () => {},
+    // The connection's state says degraded meanwhile; this says why the reader stopped.
+    onError: (err) => logger.warn({ err: String(err) }, 'the event log reader failed (a lost connection: it resumes after the last event it read once Redis answers)'),
   })
   const members = new Membership({ redis, routerId, prefix, ttlMs: memberTtlMs, clock, logger, ...(deps.url ? { url: deps.url } : {}) })
   await members.join()

@@ -8,6 +8,7 @@ import type { LeaseLedger, LeaseRecord } from '../leases/ledger.js'
 import { MemoryLeaseLedger, type MemoryLeaseLedgerOptions } from '../leases/memory-ledger.js'
 import type { TopologyRegistry } from '../topology/registry.js'
 import type { StoreLogger, StoreState } from './store-state.js'
+import type { StoreConnectionMetrics } from './connection.js'
 import { type EventStore, MemoryEventStore } from './event-store.js'
 import { type Leadership, soleLeader } from './leader.js'
 
@@ -56,7 +57,7 @@ export interface RouterStoreDeps {
   onDelivered?: (event: LoggedEvent, ms: number) => void
   /** The Redis log was replaced (restarted empty): agents must start over. */
   onEventLogReset?: () => void
-  metrics?: { up: { set(value: number): void } }
+  metrics?: StoreConnectionMetrics
 }
 
 const OK: StoreState = Object.freeze({ state: 'ok' as const, since: 0 })

@@ -4,6 +4,7 @@ import type { InstanceConfig } from '../../../schemas/router-config.js'
 import type { AgentDirectory, AgentRecord } from '../events/agent-directory.js'
 import type { StreamPresence } from '../events/router-events.js'
 import type { InstanceSource, TopologyChange, TopologyRegistry } from '../topology/registry.js'
+import { READER_BLOCK_MS } from './connection.js'
 import type { LeaderLock } from './leader.js'
 
 /**
@@ -304,7 +305,7 @@ export class SharedTopology implements StreamPresence {
           failed = false
           this.#o.logger.info({}, 'shared topology: in step with Redis again')
         }
-        const res = (await this.#reader.xread('COUNT', 500, 'BLOCK', 1000, 'STREAMS', this.#keys.notices, this.#cursor)) as [string, Entry[]][] | null
+        const res = (await this.#reader.xread('COUNT', 500, 'BLOCK', READER_BLOCK_MS, 'STREAMS', this.#keys.notices, this.#cursor)) as [string, Entry[]][] | null
         const notices = res?.[0]?.[1] ?? []
         if (notices.length === 0) continue
         this.#cursor = (notices.at(-1) as Entry)[0]

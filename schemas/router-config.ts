@@ -180,8 +180,9 @@ export const RouterConfig = Type.Object(
       {
         // Events kept for agents that reconnect; an agent further behind gets a snapshot.
         retention: Type.Integer({ minimum: 1, default: 10000 }),
-        // A comment line on idle agent streams, so proxies do not close them.
-        keepAliveMs: Type.Integer({ minimum: 100, default: 15000 }),
+        // A comment line on idle agent streams, so proxies do not close them and agents can
+        // tell a live router from a stalled one: they switch after about three silent intervals.
+        keepAliveMs: Type.Integer({ minimum: 100, default: 5000 }),
         // Delivery bookkeeping: the agents each held event is for, summed over distinct lists
         // (events for the same agents share one). Past it the oldest events go, as past retention.
         deliveryEntries: Type.Integer({ minimum: 1, default: 1048576 }),

@@ -18,7 +18,7 @@ export const APPLY_BOUND_MS = 2000
 export interface Status {
   agentId: string
   engineId: string | null
-  router: { connected: boolean; routerId: string | null; lastApplied: number; lastAcked: number }
+  router: { url: string; connected: boolean; routerId: string | null; lastApplied: number; lastAcked: number }
 }
 
 export const agentStatus = async (e: Engine): Promise<Status> => (await get(`${e.agent.url}/v1/status`)).json()

@@ -59,7 +59,11 @@ export interface RouterLinkOptions {
   metrics?: RouterLinkMetrics
   backoffMinMs?: number
   backoffMaxMs?: number
-  /** A stream silent this long is treated as dead (the router sends keep-alives every 15 s). */
+  /**
+   * A stream silent this long is treated as dead, and the next router followed. Default: three
+   * of the router's keep-alive intervals, as its registration answer gives them (at least 3 s),
+   * or 60 s from a router that does not say.
+   */
   idleTimeoutMs?: number
   /** Timeout of registration and ack calls, ms. */
   callTimeoutMs?: number
@@ -103,6 +107,8 @@ export class RouterLink {
   #connected = false
   #outage = false
   #routerId: string | undefined
+  /** The keep-alive interval of the router registered with last (its answer), if it said. */
+  #keepAliveMs: number | undefined
   #applied = 0
   #acked = 0
   #acking: Promise<void> | undefined
@@ -201,7 +207,8 @@ export class RouterLink {
     const reg = this.#reg as LinkRegistration
     const body: AgentRegistration = { agentId: this.#o.agentId, ...reg }
     const res = await this.#call(url, '/v1/agents', body, signal)
-    const answer = res as { routerId?: unknown; lastSeq?: unknown }
+    const answer = res as { routerId?: unknown; lastSeq?: unknown; keepAliveMs?: unknown }
+    this.#keepAliveMs = typeof answer.keepAliveMs === 'number' && answer.keepAliveMs > 0 ? answer.keepAliveMs : undefined
     const lastSeq = typeof answer.lastSeq === 'number' ? answer.lastSeq : 0
     const routerId = typeof answer.routerId === 'string' ? answer.routerId : undefined
     const otherLog = (this.#routerId !== undefined && routerId !== undefined && routerId !== this.#routerId) || lastSeq < this.#applied
@@ -222,7 +229,7 @@ export class RouterLink {
       dispatcher: this.#dispatcher,
       signal,
       headers: { accept: 'text/event-stream', ...this.#auth() },
-      bodyTimeout: this.#o.idleTimeoutMs ?? 60_000,
+      bodyTimeout: this.#o.idleTimeoutMs ?? (this.#keepAliveMs ? Math.max(3000, 3 * this.#keepAliveMs) : 60_000),
     })
     if (res.statusCode !== 200) throw await answerError(res)
     this.#setConnected(true)

@@ -64,8 +64,11 @@ const registered = {
     // log (a new id after a router restart) starts over from 0.
     lastSeq: { type: 'integer' },
     routerId: { type: 'string' },
+    // How often an idle stream gets a keep-alive line: an agent that hears nothing for about
+    // three of them takes the router for stalled and follows the next one.
+    keepAliveMs: { type: 'integer' },
   },
-  required: ['agentId', 'instanceId', 'lastSeq', 'routerId'],
+  required: ['agentId', 'instanceId', 'lastSeq', 'routerId', 'keepAliveMs'],
 } as const
 
 export const agentStreamRoutes: FastifyPluginAsync<AgentStreamOptions> = async (app, opts) => {
@@ -125,7 +128,7 @@ export const agentStreamRoutes: FastifyPluginAsync<AgentStreamOptions> = async (
   app.post<{ Body: AgentRegistration }>('/v1/agents', { schema: { body: { $ref: 'AgentRegistration#' }, response: { 200: registered } } }, async (req) => {
     await opts.beforeRegister?.(req)
     const record = await events.registerAgent(req.body)
-    return { agentId: record.agentId, instanceId: record.instanceId ?? null, lastSeq: await events.store.last(), routerId: events.store.id }
+    return { agentId: record.agentId, instanceId: record.instanceId ?? null, lastSeq: await events.store.last(), routerId: events.store.id, keepAliveMs: opts.keepAliveMs }
   })
 
   app.post<{ Params: { agentId: string }; Body: AgentAck }>('/v1/agents/:agentId/acks', { schema: { body: { $ref: 'AgentAck#' } } }, async (req, reply) => {

@@ -81,6 +81,8 @@ class Follower:
         self.on_event = on_event
         self.on_new_log = on_new_log
         self.token = token
+        # Until a router says its keep-alive interval (its registration answer).
+        self.keepalive_s = keepalive_s
         self.idle_s = 3 * keepalive_s
         self.call_timeout_s = call_timeout_s
         self.backoff_s = backoff_s
@@ -188,6 +190,10 @@ class Follower:
             self.on_new_log()
         if isinstance(router_id, str):
             self.router_id = router_id
+        # Silence for three of the router's keep-alive intervals (at least 3 s): it stalled,
+        # follow the next one. A router that does not say keeps the configured figure.
+        keepalive_ms = answer.get("keepAliveMs") if isinstance(answer, dict) else None
+        self.idle_s = max(3.0, 3 * keepalive_ms / 1000) if isinstance(keepalive_ms, int) and keepalive_ms > 0 else 3 * self.keepalive_s
 
     def _follow(self, url: str, opened: Callable[[], None]) -> None:
         conn = connection(url, self.idle_s)

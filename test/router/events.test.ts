@@ -91,7 +91,7 @@ t.test('EventLog: acks and delivery', async (t) => {
   const log = new EventLog({ clock })
   const e1 = log.append(peerGone(['e1']), ['a', 'b'])
   const e2 = log.append(peerGone(['e2']), ['a', 'b', 'c'])
-  t.same(log.delivery(e1.seq), { seq: 1, type: 'peer_gone', applied: [], expected: ['a', 'b'] })
+  t.same(log.delivery(e1.seq), { seq: 1, type: 'peer_gone', engineIds: ['e1'], applied: [], expected: ['a', 'b'] })
   log.ack('a', 2)
   t.same(log.delivery(e1.seq)?.applied, ['a'], 'an ack covers every earlier sequence')
   log.ack('a', 1)

@@ -56,7 +56,9 @@ t.test('unknown engine → 202 listing it, seq null; a known one is logged, a re
   const { url } = await startRouter(t, instances, { probe: false, adminToken: ADMIN })
   let res = await post(`${url}/fault_tolerance/event`, { event_type: 'peer_gone', nodes: { engine_ids: ['ghost'], addresses: ['10.0.0.9:5555'] } }, admin)
   t.equal(res.status, 202)
-  t.same(res.json(), { seq: null, engine_ids: [], unknown: ['ghost', '10.0.0.9:5555'], alive_skipped: [], logged: false })
+  const logId = res.json<{ log_id: string }>().log_id
+  t.match(logId, /^[0-9a-f-]{36}$/, 'the answer names the log')
+  t.same(res.json(), { seq: null, log_id: logId, engine_ids: [], unknown: ['ghost', '10.0.0.9:5555'], alive_skipped: [], logged: false })
 
   for (const [agentId, engineId, port] of [
     ['a1', 'e1', 7001],
@@ -64,17 +66,22 @@ t.test('unknown engine → 202 listing it, seq null; a known one is logged, a re
   ] as const) {
     res = await post(`${url}/v1/agents`, { agentId, engineId, role: 'decode', agentUrl: `http://127.0.0.1:${port}` })
     t.equal(res.status, 200)
-    t.match(res.json(), { agentId, instanceId: null, lastSeq: 0, routerId: /^[0-9a-f-]{36}$/ })
+    t.match(res.json(), { agentId, instanceId: null, lastSeq: 0, routerId: logId, keepAliveMs: 5000 })
   }
   res = await post(`${url}/fault_tolerance/event`, { event_type: 'peer_gone', nodes: { addresses: ['127.0.0.1:7001'] }, reason: 'node drained' }, admin)
   t.equal(res.status, 202)
-  t.same(res.json(), { seq: 1, engine_ids: ['e1'], unknown: [], alive_skipped: [], logged: true })
+  t.same(res.json(), { seq: 1, log_id: logId, engine_ids: ['e1'], unknown: [], alive_skipped: [], logged: true })
   res = await post(`${url}/fault_tolerance/event`, { event_type: 'peer_gone', nodes: { engine_ids: ['e1'] } }, admin)
-  t.same(res.json(), { seq: 1, engine_ids: ['e1'], unknown: [], alive_skipped: [], logged: false }, 'a repeat: the same sequence, nothing logged')
+  t.same(res.json(), { seq: 1, log_id: logId, engine_ids: ['e1'], unknown: [], alive_skipped: [], logged: false }, 'a repeat: the same sequence, nothing logged')
 
   res = await get(`${url}/fault_tolerance/events/1`, admin)
   t.equal(res.status, 200)
-  t.same(res.json(), { seq: 1, type: 'peer_gone', applied: [], expected: ['a1', 'a2'], complete: false })
+  t.same(res.json(), { seq: 1, log_id: logId, type: 'peer_gone', engine_ids: ['e1'], applied: [], expected: ['a1', 'a2'], complete: false })
+  t.equal((await get(`${url}/fault_tolerance/events/1?log=${logId}`, admin)).status, 200, 'asked with its log')
+  const other = await get(`${url}/fault_tolerance/events/1?log=another-log`, admin)
+  t.equal(other.status, 410, 'asked with a log this router does not have')
+  t.equal(other.json<{ error: { code: string } }>().error.code, 'RTR_ERR_EVENT_OTHER_LOG')
+  t.match(other.json<{ error: { message: string } }>().error.message, new RegExp(`log another-log: that log is gone .* the log is now ${logId}`))
   t.equal((await post(`${url}/v1/agents/a1/acks`, { seq: 1 })).status, 204)
   t.same(res.json<{ applied: string[] }>().applied, [], '(the earlier answer)')
   t.same((await get(`${url}/fault_tolerance/events/1`, admin)).json<{ applied: string[] }>().applied, ['a1'])

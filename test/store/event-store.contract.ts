@@ -240,7 +240,7 @@ export function eventStoreContract(t: Test, harness: EventStoreHarness): void {
     const store = await (await harness.backing(t)).open({ clock })
     const e1 = await store.append(peerGone(['e1']), ['a', 'b'])
     const e2 = await store.append(peerGone(['e2']), ['a', 'b', 'c'])
-    t.same(await store.delivery(e1.seq), { seq: 1, type: 'peer_gone', applied: [], expected: ['a', 'b'] })
+    t.same(await store.delivery(e1.seq), { seq: 1, type: 'peer_gone', engineIds: ['e1'], applied: [], expected: ['a', 'b'] })
     t.equal(await store.undelivered(new Set(['a', 'b', 'c'])), 2)
     await store.ack('a', 2)
     t.same((await store.delivery(e1.seq))?.applied, ['a'], 'an ack covers every earlier sequence')
@@ -259,7 +259,7 @@ export function eventStoreContract(t: Test, harness: EventStoreHarness): void {
     t.equal(await store.acked('nobody'), 0)
     t.equal(await store.undelivered(new Set()), 0)
     const none = await store.append(release('r'), [])
-    t.same(await store.delivery(none.seq), { seq: 3, type: 'lease_release', applied: [], expected: [] }, 'an event for nobody')
+    t.same(await store.delivery(none.seq), { seq: 3, type: 'lease_release', engineIds: ['p'], applied: [], expected: [] }, 'an event for nobody')
   })
 
   t.test('onDelivered: once per event, when its last expected agent acknowledged it', async (t) => {

@@ -73,7 +73,7 @@ t.test('the Redis event store', { skip: needRedis(t) }, async (t) => {
     const delivered: number[] = []
     const store = await RedisEventStore.open({ clock: new ManualClock(), redis, prefix: 'old:', retention: 1, onDelivered: (e) => delivered.push(e.seq) })
     t.teardown(() => store.close())
-    t.same(await store.delivery(1), { seq: 1, type: 'lease_release', expected: ['a', 'b'], applied: [] })
+    t.same(await store.delivery(1), { seq: 1, type: 'lease_release', engineIds: ['p'], expected: ['a', 'b'], applied: [] })
     t.equal(await store.undelivered(new Set(['a'])), 1)
     await store.ack('a', 1)
     await store.ack('b', 1)

@@ -17,9 +17,16 @@ export type LeaseReleaseInput = Omit<LeaseReleaseEvent, 'seq' | 'at'>
 export type EventInput = PeerGoneInput | PeerAliveInput | LeaseReleaseInput
 export type LoggedEvent = PeerGoneEvent | PeerAliveEvent | LeaseReleaseEvent
 
+/** The engine_ids an event names (Delivery.engineIds). */
+export function engineIdsOf(event: LoggedEvent): string[] {
+  return event.type === 'lease_release' ? [event.prefillEngineId] : [...event.engineIds]
+}
+
 export interface Delivery {
   seq: number
   type: LoggedEvent['type']
+  /** The engine_ids it names: those declared gone or alive, or the prefiller whose leases it released. */
+  engineIds: string[]
   /** Agents that acknowledged this sequence (or a later one). */
   applied: string[]
   /** Agents the event was for when it was logged. */
@@ -301,6 +308,7 @@ export class EventLog {
     return {
       seq,
       type: entry.event.type,
+      engineIds: engineIdsOf(entry.event),
       expected: [...ids],
       applied: ids.filter((a) => (this.#acks.get(a) ?? 0) >= seq),
     }

@@ -1,7 +1,7 @@
 import { createHash, randomUUID } from 'node:crypto'
 import type { Redis } from 'ioredis'
 import type { PeerAliveEvent, PeerGoneEvent, RouterEvent, SnapshotEvent } from '../../../schemas/events.js'
-import type { Delivery, EventInput, LoggedEvent, LogStats, PeerAliveInput, PeerGoneInput } from '../events/event-log.js'
+import { engineIdsOf, type Delivery, type EventInput, type LoggedEvent, type LogStats, type PeerAliveInput, type PeerGoneInput } from '../events/event-log.js'
 import { READER_BLOCK_MS } from './connection.js'
 import type { EventListener, EventStore, EventStoreOptions } from './event-store.js'
 
@@ -357,7 +357,7 @@ export class RedisEventStore implements EventStore {
     const event = parse(entry)
     const expected = await this.#expected(entry)
     const acks = expected.length > 0 ? await this.#redis.hmget(this.#keys.acks, ...expected) : []
-    return { seq, type: event.type, expected, applied: expected.filter((_, i) => Number(acks[i] ?? 0) >= seq) }
+    return { seq, type: event.type, engineIds: engineIdsOf(event), expected, applied: expected.filter((_, i) => Number(acks[i] ?? 0) >= seq) }
   }
 
   async undelivered(agents: ReadonlySet<string>): Promise<number> {

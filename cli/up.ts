@@ -1,4 +1,7 @@
 import { spawn, spawnSync } from 'node:child_process'
+import { mkdtempSync, rmSync } from 'node:fs'
+import { tmpdir } from 'node:os'
+import { join } from 'node:path'
 import { randomBytes } from 'node:crypto'
 import { once } from 'node:events'
 import { parseArgs } from 'node:util'
@@ -6,7 +9,7 @@ import { freePort } from '../common/ports.js'
 import { spawnService, type SpawnedService, type SpawnOptions } from '../common/spawn.js'
 import { urlHost } from '../common/host-port.js'
 
-const HELP = `usage: handoff up [--prefill N] [--decode M] [--both K] [--port P] [--host H]
+const HELP = () => `usage: handoff up [--prefill N] [--decode M] [--both K] [--port P] [--host H]
                   [--kv auto|agent|none] [--lease-seconds S] [--kv-load-failure-policy fail|recompute]
                   [--routers R] [--store memory|redis|redis://HOST:PORT]
                   [--model NAME] [--admin-token T] [--verbose]
@@ -26,9 +29,15 @@ stops every child on SIGINT/SIGTERM.
              ports; "handoff ready" names the first, stderr the others. R > 1 needs --store redis
              or a redis:// URL.
 --store S    the routers' store: memory (default; one router alone), a redis:// URL used as
-             given, or redis: a local redis-server child on a free loopback port, nothing
-             persisted, stopped with the cluster (needs redis-server installed). Routers get
-             it in the environment (HANDOFF_STORE), not on a command line.
+             given, or redis: a local redis-server child on a free loopback port, with an
+             append-only file in a temporary folder (so a restart of it keeps the log, as a
+             production Redis would), stopped and removed with the cluster (needs
+             redis-server installed). Routers get it in the environment (HANDOFF_STORE), not on
+             a command line.
+
+A router or the local redis-server that exits is started again at its port, up to
+${MAX_RESTARTS} times each, saying which one and why on stderr; the rest of the cluster keeps
+serving meanwhile. Any other child that exits stops the cluster, naming it.
 
 With agents, every router's port is chosen first (a free one for --port 0) and every agent
 follows the routers' event log (--router-url, every router's URL, the first router first,
@@ -36,6 +45,8 @@ the next one when one cannot be reached): agents start before the routers and th
 retries until one serves.
 `
 const MAX_ROUTERS = 16
+/** Restarts of one router or the local Redis before `handoff up` gives up and stops the cluster. */
+const MAX_RESTARTS = 5
 
 function count(value: string | undefined, name: string, fallback: number): number {
   if (value === undefined) return fallback
@@ -86,10 +97,13 @@ while kill -0 $r 2>/dev/null; do wait $r; s=$?; done
 kill $w 2>/dev/null
 exit $s`
 
-/** A local redis-server on a free loopback port, nothing persisted; resolves once it accepts connections. */
-async function startLocalRedis(verbose: boolean): Promise<SpawnedService> {
-  const port = await freePort('127.0.0.1')
-  const args = ['--port', String(port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no']
+/**
+ * A local redis-server on loopback at `port` (a free one when 0), its append-only file in
+ * `dir` (appendfsync everysec, no RDB snapshots); resolves once it accepts connections.
+ */
+async function startLocalRedis(verbose: boolean, dir: string, port = 0): Promise<SpawnedService> {
+  port ||= await freePort('127.0.0.1')
+  const args = ['--port', String(port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'yes', '--appendfsync', 'everysec', '--dir', dir]
   const child = spawn('sh', ['-c', REDIS_WRAPPER, 'redis-server', ...args], { stdio: ['pipe', 'pipe', 'pipe'] })
   let buffer = ''
   let announced: () => void = () => {}
@@ -170,7 +184,7 @@ export async function main(argv: string[]): Promise<void> {
     },
   })
   if (values.help) {
-    process.stdout.write(HELP)
+    process.stdout.write(HELP())
     return
   }
   const prefill = count(values.prefill, 'prefill', 1)
@@ -192,6 +206,8 @@ export async function main(argv: string[]): Promise<void> {
   const verbose = values.verbose === true
 
   const children: SpawnedService[] = []
+  /** Run once every child stopped (the local Redis's folder). */
+  const cleanups: (() => void)[] = []
   // A child is listed once it is ready; until then it is only here, and stopping waits for it:
   // a child that has not announced itself does not yet stop when this process dies.
   const starting = new Set<Promise<SpawnedService>>()
@@ -202,6 +218,7 @@ export async function main(argv: string[]): Promise<void> {
     (stopping ??= (async () => {
       while (starting.size > 0) await Promise.allSettled([...starting])
       for (const c of [...children].reverse()) await c.stop()
+      for (const clean of cleanups) clean()
     })())
   const stopAll = async (code: number): Promise<void> => {
     if (stopping) return
@@ -234,21 +251,46 @@ export async function main(argv: string[]): Promise<void> {
     ...Array.from({ length: decode }, (_, i) => ({ id: `decode-${i}`, role: 'decode' })),
     ...Array.from({ length: both }, (_, i) => ({ id: `both-${i}`, role: 'both' })),
   ]
-  const watch = (c: SpawnedService): void => {
+  const restarts = new Map<string, number>()
+  /**
+   * Lists a child and follows it: when it exits, `restart` (a router, the local Redis) starts
+   * it again, up to MAX_RESTARTS times; any other child, or one past its restarts, stops the
+   * cluster. Either way stderr names the child and says why.
+   */
+  const watch = (c: SpawnedService, name: string, restart?: () => Promise<SpawnedService>): void => {
     children.push(c)
     c.child.once('exit', (code, signal) => {
       if (stopping) return
-      process.stderr.write(`handoff up: a child exited (${code ?? signal}); stopping the cluster\n${c.output().slice(-2000)}\n`)
-      void stopAll(1)
+      const why = `${name} exited (${code ?? signal})`
+      const n = (restarts.get(name) ?? 0) + 1
+      const tail = c.output().slice(-2000)
+      if (!restart || n > MAX_RESTARTS) {
+        process.stderr.write(`handoff up: ${why}; stopping the cluster${restart ? ` (it was restarted ${MAX_RESTARTS} times already)` : ''}\n${tail}\n`)
+        void stopAll(1)
+        return
+      }
+      restarts.set(name, n)
+      children.splice(children.indexOf(c), 1)
+      process.stderr.write(`handoff up: ${why}; starting it again (restart ${n} of ${MAX_RESTARTS})\n${tail}\n`)
+      restart().then(
+        (next) => process.stderr.write(`handoff up: ${name} is back at ${next.url}\n`),
+        (err: unknown) => {
+          if (stopping) return
+          process.stderr.write(`handoff up: ${name} did not start again (${(err as Error).message}); stopping the cluster\n`)
+          void stopAll(1)
+        },
+      )
     })
   }
-  const start = async (opts: SpawnOptions): Promise<SpawnedService> => {
+  const start = async (opts: SpawnOptions, name: string, restartable = false): Promise<SpawnedService> => {
     if (stopping) throw new Error('handoff up is stopping')
     const started = spawnService({ ...opts, inheritOutput: verbose })
     starting.add(started)
     try {
       const c = await started
-      watch(c)
+      // Again at the same port, so agents and clients find it where it was.
+      const again = { ...opts, args: opts.args.map((a, i) => (opts.args[i - 1] === '--port' ? new URL(c.url).port : a)) }
+      watch(c, name, restartable ? () => start(again, name, true) : undefined)
       return c
     } finally {
       starting.delete(started)
@@ -257,20 +299,29 @@ export async function main(argv: string[]): Promise<void> {
   try {
     let storeUrl = store?.kind === 'url' ? store.url : store?.kind
     if (store?.kind === 'local') {
-      const redis = await startLocalRedis(verbose)
-      watch(redis)
+      const dir = mkdtempSync(join(tmpdir(), 'handoff-up-redis-'))
+      cleanups.push(() => rmSync(dir, { recursive: true, force: true }))
+      const redis = await startLocalRedis(verbose, dir)
+      const port = Number(new URL(redis.url).port)
+      const again = async (): Promise<SpawnedService> => {
+        const next = await startLocalRedis(verbose, dir, port)
+        watch(next, 'the local redis-server', again)
+        return next
+      }
+      watch(redis, 'the local redis-server', again)
       storeUrl = redis.url
-      process.stderr.write(`handoff up: store ${redis.url} (a local redis-server, nothing persisted)\n`)
+      process.stderr.write(`handoff up: store ${redis.url} (a local redis-server, its append-only file in ${dir})\n`)
     }
     const sims = await Promise.all(
       plan.map(async (p) => {
         let agentUrl: string | undefined
         if (kv === 'agent') {
-          agentUrl = (await start({ args: ['agent', '--port', '0', '--router-url', routerUrls, ...lease], env: agentEnv })).url
+          agentUrl = (await start({ args: ['agent', '--port', '0', '--router-url', routerUrls, ...lease], env: agentEnv }, `the agent of ${p.id}`)).url
         }
-        const sim = await start({
-          args: ['sim', '--role', p.role, '--port', '0', ...simArgs, ...(agentUrl ? ['--agent-url', agentUrl] : []), ...(agentUrl && agentToken ? ['--agent-token', agentToken] : [])],
-        })
+        const sim = await start(
+          { args: ['sim', '--role', p.role, '--port', '0', ...simArgs, ...(agentUrl ? ['--agent-url', agentUrl] : []), ...(agentUrl && agentToken ? ['--agent-token', agentToken] : [])] },
+          `simulator ${p.id}`,
+        )
         return { instance: { id: p.id, role: p.role, url: sim.url }, agentUrl }
       }),
     )
@@ -285,7 +336,7 @@ export async function main(argv: string[]): Promise<void> {
       // One lease length everywhere: the router's ledger judges the engines' leases.
       ...(values['lease-seconds'] ? { HANDOFF_LEASE_SECONDS: values['lease-seconds'] } : {}),
     }
-    const started = await Promise.all(ports.map((p) => start({ args: ['router', '--host', host, '--port', p], env })))
+    const started = await Promise.all(ports.map((p, i) => start({ args: ['router', '--host', host, '--port', p], env }, `router ${i + 1}`, true)))
     // stdout carries exactly one line, for scripts; the instance list and the other routers go to stderr.
     for (const { instance: i, agentUrl } of sims) process.stderr.write(`  ${i.role.padEnd(7)} ${i.id.padEnd(10)} ${i.url}${agentUrl ? `  agent ${agentUrl}` : ''}\n`)
     started.forEach((r, i) => {

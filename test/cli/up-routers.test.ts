@@ -1,6 +1,6 @@
 import { spawn } from 'node:child_process'
 import { once } from 'node:events'
-import { mkdtempSync } from 'node:fs'
+import { existsSync, mkdtempSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import t from 'tap'
@@ -8,7 +8,7 @@ import { cliEntry } from '../../common/paths.js'
 import { oracleForBody } from '../../sim/src/oracle.js'
 import { get, post, waitFor } from '../helpers/cluster.js'
 import { needRedis } from '../helpers/redis.js'
-import { alive, args, childPids, environ, startUp } from '../helpers/up.js'
+import { alive, args, childPids, environ, listenerPid, startUp } from '../helpers/up.js'
 import { needNixl, probeNixl } from '../native/helpers.js'
 
 /* `handoff up --routers N --store …` (issue 10): several routers on one Redis, and what it refuses. */
@@ -99,4 +99,57 @@ t.test('handoff up --routers 2 --kv agent: every agent follows both routers, the
   const [code] = (await once(up, 'exit')) as [number | null]
   t.equal(code, 0)
   t.ok(await waitFor(() => pids.every((pid) => !alive(pid)), 10000), 'no child left behind')
+})
+
+t.test('handoff up --routers 2 --store redis: a router or the Redis that dies is started again at its port, and the rest serves meanwhile (issue 21 item 8)', { skip: needRedis(t) }, async (t) => {
+  const ADMIN = 'admin-token-up-restarts'
+  const admin = { authorization: `Bearer ${ADMIN}` }
+  const second = /handoff up: router 2 at (http:\/\/127\.0\.0\.1:\d+)\n/
+  const { proc: up, out, url } = await startUp(t, ['--prefill', '0', '--decode', '1', '--port', '0', '--kv', 'none', '--routers', '2', '--store', 'redis', '--admin-token', ADMIN], {}, second)
+  t.ok(url, 'ready', { output: out() })
+  if (!url) return
+  const url2 = second.exec(out())?.[1] as string
+  const completion = { model: 'handoff/sim-1', prompt: 'Once upon a time', max_tokens: 5 }
+  const serves = async (u: string): Promise<boolean> => {
+    try {
+      return (await post(`${u}/v1/completions`, completion)).json<{ choices: { text: string }[] }>().choices[0]?.text === oracleForBody('/v1/completions', completion)
+    } catch {
+      return false
+    }
+  }
+  const routerPid = (u: string): number | undefined => listenerPid(Number(new URL(u).port), childPids(up.pid))
+
+  // Router 2 is killed outright: router 1 serves on, and router 2 comes back at its port.
+  const pid2 = routerPid(url2)
+  t.ok(pid2, 'router 2 is a child')
+  process.kill(pid2 as number, 'SIGKILL')
+  t.ok(await serves(url), 'router 1 serves while router 2 is down')
+  t.ok(await waitFor(() => /router 2 is back at /.test(out()), 20_000), 'router 2 is started again', { output: out() })
+  t.match(out(), /handoff up: router 2 exited \(SIGKILL\); starting it again \(restart 1 of 5\)/, 'stderr says which child exited, how, and that it restarts')
+  t.ok(await serves(url2), 'router 2 serves again at its URL')
+  t.not(routerPid(url2), pid2, 'a new process')
+
+  // An event logged, then the local Redis killed outright: it comes back from its append-only
+  // file (a second after the write: appendfsync everysec), so the event is still there.
+  t.equal((await post(`${url}/v1/agents`, { agentId: 'ghost', engineId: 'ghost-engine', role: 'prefill', agentUrl: 'http://127.0.0.1:5999' })).status, 200)
+  const logged = (await post(`${url}/fault_tolerance/event`, { event_type: 'peer_gone', nodes: { engine_ids: ['ghost-engine'] } }, admin)).json<{ seq: number; log_id: string }>()
+  t.equal(logged.seq, 1)
+  await new Promise((r) => setTimeout(r, 1500))
+  const wrapper = childPids(up.pid).find((p) => /^sh /.test(args(p))) as number
+  const redisPid = childPids(wrapper).find((p) => /^redis-server /.test(args(p)))
+  t.ok(redisPid, 'redis-server runs under its wrapper')
+  process.kill(redisPid as number, 'SIGKILL')
+  t.ok(await waitFor(() => /the local redis-server is back at /.test(out()), 20_000), 'the local Redis is started again', { output: out() })
+  t.equal(up.exitCode, null, 'the cluster keeps running')
+  const after = await waitFor(async () => (await get(`${url2}/fault_tolerance/events/1?log=${logged.log_id}`, admin)).status === 200, 15_000)
+  t.ok(after, 'the event is in the same log after the restart (read through the other router)')
+  t.ok(await serves(url) && (await serves(url2)), 'both routers serve')
+
+  const pids = childPids(up.pid)
+  up.kill('SIGTERM')
+  const [code] = (await once(up, 'exit')) as [number | null]
+  t.equal(code, 0)
+  t.ok(await waitFor(() => pids.every((pid) => !alive(pid)), 10000), 'no child left behind')
+  const dir = /its append-only file in (\S+)\)/.exec(out())?.[1]
+  t.ok(dir && !existsSync(dir), "the local Redis's folder is removed")
 })

@@ -1,5 +1,5 @@
 import { execFileSync, spawn, type ChildProcessByStdio } from 'node:child_process'
-import { readFileSync } from 'node:fs'
+import { readdirSync, readFileSync, readlinkSync } from 'node:fs'
 import type { Readable } from 'node:stream'
 import { cliEntry } from '../../common/paths.js'
 import { waitFor, type Teardown } from './cluster.js'
@@ -62,4 +62,35 @@ export async function startUp(t: Teardown, args: string[], env: NodeJS.ProcessEn
   proc.stderr.on('data', (c: Buffer) => (out += c.toString()))
   const ready = await waitFor(() => /handoff ready http:\/\/127\.0\.0\.1:\d+\n/.test(out) && readyFor.test(out), 60000)
   return { proc, out: () => out, stdout: () => stdout, url: ready ? /handoff ready (\S+)/.exec(out)?.[1] : undefined }
+}
+
+/** Which of `pids` listens on TCP `port` (from /proc/net/tcp and each process's open sockets; Linux). */
+export function listenerPid(port: number, pids: number[]): number | undefined {
+  const inodes = new Set<string>()
+  for (const table of ['/proc/net/tcp', '/proc/net/tcp6']) {
+    let text = ''
+    try {
+      text = readFileSync(table, 'utf8')
+    } catch {
+      continue
+    }
+    for (const line of text.trim().split('\n').slice(1)) {
+      const f = line.trim().split(/\s+/)
+      // local_address is ADDR:PORT in hex; st 0A is LISTEN; the inode is the tenth field.
+      if (f[3] === '0A' && parseInt(f[1]?.split(':')[1] ?? '', 16) === port && f[9]) inodes.add(f[9])
+    }
+  }
+  return pids.find((pid) => {
+    try {
+      return readdirSync(`/proc/${pid}/fd`).some((fd) => {
+        try {
+          return inodes.has(/^socket:\[(\d+)\]$/.exec(readlinkSync(`/proc/${pid}/fd/${fd}`))?.[1] ?? '')
+        } catch {
+          return false
+        }
+      })
+    } catch {
+      return false
+    }
+  })
 }

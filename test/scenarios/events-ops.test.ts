@@ -34,7 +34,8 @@ t.test('a. ops peer_gone: every agent applies it, the decoder releases the peer,
   res = await post(url, { event_type: 'peer_gone', nodes: { engine_ids: 'x' } }, admin)
   t.equal(res.status, 400, 'bad body: 400')
   res = await post(url, { event_type: 'peer_gone', nodes: { engine_ids: ['no-such-engine'] } }, admin)
-  t.same(res.json(), { seq: null, engine_ids: [], unknown: ['no-such-engine'], alive_skipped: [], logged: false }, 'unknown engine: a no-op')
+  const logId = res.json<{ log_id: string }>().log_id
+  t.same(res.json(), { seq: null, log_id: logId, engine_ids: [], unknown: ['no-such-engine'], alive_skipped: [], logged: false }, 'unknown engine: a no-op')
 
   res = await post(url, event, admin)
   t.equal(res.status, 202)
@@ -48,7 +49,7 @@ t.test('a. ops peer_gone: every agent applies it, the decoder releases the peer,
   t.equal(await metric(decode.agent.url, 'handoff_agent_router_connected'), 1)
 
   res = await post(url, event, admin)
-  t.same(res.json(), { seq, engine_ids: [p.engineId], unknown: [], alive_skipped: [], logged: false }, 'a repeat: the same seq, nothing logged')
+  t.same(res.json(), { seq, log_id: logId, engine_ids: [p.engineId], unknown: [], alive_skipped: [], logged: false }, 'a repeat: the same seq, nothing logged')
 
   // The decoder dropped P's state at once. P is still in routing, and alive: its next prefill
   // answer names its engine_id, the router logs peer_alive, the agents lift the tombstone and

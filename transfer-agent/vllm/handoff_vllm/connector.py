@@ -108,6 +108,12 @@ class HandoffPullWorker(NixlPullConnectorWorker):
                         "handoff: lease_release (seq %d, %s): freed the KV of %d request(s) now (rank %d)",
                         c.seq, c.reason, len(now), self.tp_rank,
                     )
+                else:
+                    log.info(
+                        "handoff: lease_release (seq %d, %s): none of its %d request(s) held here "
+                        "(read or reaped already) (rank %d)",
+                        c.seq, c.reason, len(c.ids), self.tp_rank,
+                    )
         return released
 
     def _read_blocks_for_req(self, req_id: str, meta: Any) -> None:

@@ -82,4 +82,52 @@ t.test('the Redis event store', { skip: needRedis(t) }, async (t) => {
     t.same(await redis.keys('old:events:waiting:*'), [])
     t.equal(await redis.xlen('old:events'), 1)
   })
+
+  // Issue 21 items 2 and 3: a log that lost its data under the routers (FLUSHALL, a restart
+  // from an older snapshot) is noticed by the next append or the next quiet read round, renamed,
+  // and gets again what this router logged and did not see delivered.
+  t.test('a log that lost its data: renamed, and what was not delivered is logged again', async (t) => {
+    const redis = new Redis(server.port, '127.0.0.1')
+    t.teardown(() => redis.quit())
+    const resets: string[] = []
+    const open = async () => {
+      const store = await RedisEventStore.open({ clock: new ManualClock(), redis, prefix: 'lost:', onReset: (id, why) => resets.push(`${id} ${why}`) })
+      t.teardown(() => store.close())
+      return store
+    }
+    const store = await open()
+    const other = await open()
+    const release = (r: string) => ({ type: 'lease_release' as const, prefillEngineId: 'p', requestIds: [r], reason: 't' })
+    const logged = async (): Promise<string[]> => (await store.since(0)).flatMap((e) => (e.type === 'lease_release' ? e.requestIds : []))
+    await store.append(release('r1'), ['a'])
+    await store.append(release('r2'), ['a'])
+    await store.ack('a', 1)
+    const first = store.id
+
+    // Keys lost without a disconnect: the next append finds no id.
+    await redis.del('lost:events', 'lost:events:id', 'lost:events:seq')
+    const third = await store.append(release('r3'), ['a'])
+    t.not(store.id, first, 'the append found the id gone: a new log')
+    t.same(await logged(), ['r2', 'r3'], 'r2 (never acknowledged) logged again before r3; r1 (delivered) not')
+    t.equal(third.seq, 2, 'the answer names its sequence in the new log')
+    const deadline = Date.now() + 5000
+    while (other.id !== store.id && Date.now() < deadline) await new Promise((r) => setTimeout(r, 20))
+    t.equal(other.id, store.id, 'the other router took up the new log on its next read round, without renaming it again')
+
+    // The same id, a sequence behind what was seen (a restart from an older snapshot).
+    const second = store.id
+    await redis.multi().xdel('lost:events', '2-0').call('XSETID', 'lost:events', '1-0').set('lost:events:seq', 1).exec()
+    await store.append(release('r4'), ['a'])
+    t.not(store.id, second, 'a sequence behind: the same id names another history, so a new log')
+    t.same(await logged(), ['r2', 'r2', 'r3', 'r4'], 'what the rolled-back log kept (r2), r2 and r3 again (never acknowledged), then r4')
+
+    // Nothing appended: a quiet read round notices the flush.
+    const third_ = store.id
+    await redis.flushdb()
+    while (store.id === third_ && Date.now() < deadline + 5000) await new Promise((r) => setTimeout(r, 20))
+    t.not(store.id, third_, 'a read round noticed the flush')
+    while ((await logged()).length < 3 && Date.now() < deadline + 10_000) await new Promise((r) => setTimeout(r, 20))
+    t.same((await logged()).sort(), ['r2', 'r3', 'r4'], 'and logged again what was not delivered')
+    t.ok(resets.length >= 3, `each change was reported (${resets.length})`)
+  })
 })

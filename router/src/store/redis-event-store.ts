@@ -14,6 +14,11 @@ import type { EventListener, EventStore, EventStoreOptions } from './event-store
  * - `events:seq`: the last sequence (INCR inside the append script, so sequence order is
  *   stream order whichever router appends).
  * - `events:id`: the log's id (SET NX at open: the first router names it, restarts keep it).
+ *   Every append checks it in the same script, with the sequence against the highest this
+ *   router knew logged: a missing id (FLUSHALL, keys lost) or a sequence behind it (Redis
+ *   restarted from an older RDB, an AOF tail lost, a lagging replica promoted) means the
+ *   history diverged. The log is then renamed (issue 21 items 2 and 3), agents start it over,
+ *   and each router logs again what it logged and did not see delivered.
  * - `events:gone`: sorted set, engine_id scored by when it was declared gone (wall ms).
  * - `events:roster:<id>` (set) and `events:roster-list:<id>` (JSON, in the order given): the
  *   agents an event is for. The id is a hash of the list, so every event for the same agents
@@ -35,10 +40,11 @@ export interface RedisEventStoreOptions extends EventStoreOptions {
   /** The live reader's failures (a Redis outage); it retries every `retryMs`. */
   onError?: (err: unknown) => void
   /**
-   * After an outage the log turned out to be another one (Redis restarted empty): `id` and
-   * the sequence start over, and every agent must too (their streams should be ended).
+   * The log turned out to be another one (Redis restarted empty, flushed, or rolled back):
+   * `id` is the new log's, and every agent must start over (their streams should be ended).
+   * Called before this router's undelivered events are logged again in it.
    */
-  onReset?: (id: string) => void
+  onReset?: (id: string, why: string) => void
   retryMs?: number
 }
 
@@ -122,6 +128,36 @@ for i = #ARGV, 10 + n, -1 do table.remove(ARGV, i) end
 if #ids > 0 then redis.call('ZREM', KEYS[3], unpack(ids)) end
 `)
 
+// Prefixed to every append script (KEYS[7]: the id key; ARGV[1], ARGV[2]: the log id and the
+// highest sequence this router knew logged, shifted off before the script proper): an append
+// goes only into the log its router knows, never into one that replaced it or lost its tail.
+const OTHER_LOG = 'HANDOFF_OTHER_LOG'
+const guarded = (script: string): string => `
+if redis.call('GET', KEYS[7]) ~= ARGV[1] or tonumber(redis.call('GET', KEYS[2]) or '0') < tonumber(ARGV[2]) then
+  return redis.error_reply('${OTHER_LOG}')
+end
+table.remove(ARGV, 1)
+table.remove(ARGV, 1)
+${script}`
+
+// KEYS: id, seq. ARGV: the id this router knows, the highest sequence it knew, a fresh id.
+// Returns {id, seq}: the log as it stands, renamed when its id went (FLUSHALL) or its
+// sequence fell behind (a rollback: the same id names another history from there on).
+const RENEW = `
+local id = redis.call('GET', KEYS[1])
+local seq = tonumber(redis.call('GET', KEYS[2]) or '0')
+if id == ARGV[1] and seq >= tonumber(ARGV[2]) then return {id, seq} end
+if not id or id == ARGV[1] then
+  id = ARGV[3]
+  redis.call('SET', KEYS[1], id)
+end
+return {id, seq}
+`
+
+const GUARDED_APPEND = guarded(APPEND)
+const GUARDED_PEER_GONE = guarded(APPEND_PEER_GONE)
+const GUARDED_PEER_ALIVE = guarded(APPEND_PEER_ALIVE)
+
 // KEYS: acks, seq, stream, left, rosters, tracked. ARGV: agent, seq, derived-key prefix,
 // ackFloor. Returns [seq, event JSON, ...] for each event this ack completed (its last
 // expected agent).
@@ -181,8 +217,19 @@ return done
 
 type Entry = [id: string, fields: string[]]
 
+/** An event this router logged, kept until delivered so that a log that lost it gets it again. */
+type Logged =
+  | { kind: 'append'; input: EventInput; expected: readonly string[]; at: number }
+  | { kind: 'gone'; input: PeerGoneInput; expected: readonly string[]; at: number }
+  | { kind: 'alive'; input: PeerAliveInput; expected: readonly string[]; at: number }
+
 export class RedisEventStore implements EventStore {
   #id: string
+  /** The highest sequence this router knows the log reached (its appends, its reader). */
+  #high: number
+  /** This router's events not yet seen delivered, by `<log id> <seq>`, oldest first. */
+  readonly #mine = new Map<string, Logged>()
+  #renewing: Promise<void> | undefined
   readonly #redis: Redis
   readonly #reader: Redis
   readonly #opts: RedisEventStoreOptions
@@ -217,6 +264,7 @@ export class RedisEventStore implements EventStore {
     this.#reader.on('error', () => {})
     this.#id = id
     this.#cursor = cursor
+    this.#high = cursor
     this.#deliveryEntries = checkDeliveryEntries(opts.deliveryEntries)
     this.#keys = {
       stream: `${prefix}events`,
@@ -247,39 +295,65 @@ export class RedisEventStore implements EventStore {
   async append(input: EventInput, expected: readonly string[]): Promise<LoggedEvent> {
     const at = this.#opts.clock.now()
     const body = { ...input, at }
-    const seq = (await this.#append(APPEND, body, expected, input.type === 'peer_gone' ? input.engineIds : [])) as number
+    const [log, seq] = await this.#append(GUARDED_APPEND, body, expected, input.type === 'peer_gone' ? input.engineIds : [])
+    this.#keep(log, seq as number, { kind: 'append', input, expected, at })
     return { ...body, seq } as LoggedEvent
   }
 
   async appendPeerGone(input: PeerGoneInput, expected: readonly string[]): Promise<PeerGoneEvent | undefined> {
     const at = this.#opts.clock.now()
-    const [seq, ...fresh] = (await this.#append(APPEND_PEER_GONE, { ...input, engineIds: FRESH, at }, expected, input.engineIds)) as [number, ...string[]]
+    const [log, [seq, ...fresh]] = (await this.#append(GUARDED_PEER_GONE, { ...input, engineIds: FRESH, at }, expected, input.engineIds)) as [string, [number, ...string[]]]
     if (seq === 0) return undefined
+    this.#keep(log, seq, { kind: 'gone', input: { ...input, engineIds: fresh }, expected, at })
     return { ...input, engineIds: fresh, at, seq }
   }
 
   async appendPeerAlive(input: PeerAliveInput, expected: readonly string[]): Promise<PeerAliveEvent | undefined> {
     const at = this.#opts.clock.now()
-    const [seq, ...alive] = (await this.#append(APPEND_PEER_ALIVE, { ...input, engineIds: FRESH, at }, expected, input.engineIds)) as [number, ...string[]]
+    const [log, [seq, ...alive]] = (await this.#append(GUARDED_PEER_ALIVE, { ...input, engineIds: FRESH, at }, expected, input.engineIds)) as [string, [number, ...string[]]]
     if (seq === 0) return undefined
+    this.#keep(log, seq, { kind: 'alive', input: { ...input, engineIds: alive }, expected, at })
     return { ...input, engineIds: alive, at, seq }
   }
 
-  /** Runs an append script with the arguments they all take (see APPEND). */
-  #append(script: string, body: { at: number } & Record<string, unknown>, expected: readonly string[], gone: readonly string[]): Promise<unknown> {
+  /**
+   * Runs a guarded append script; refused because the log is not the one this router knows,
+   * it takes up the log as it stands (renamed if need be) and appends there. Returns the log
+   * appended to and the script's answer.
+   */
+  async #append(script: string, body: { at: number } & Record<string, unknown>, expected: readonly string[], gone: readonly string[]): Promise<[string, unknown]> {
+    for (let tries = 0; ; tries++) {
+      const log = this.#id
+      try {
+        const answer = await this.#eval(script, log, body, expected, gone)
+        const seq = Array.isArray(answer) ? Number(answer[0]) : Number(answer)
+        if (log === this.#id) this.#high = Math.max(this.#high, seq)
+        return [log, answer]
+      } catch (err) {
+        if (tries > 0 || !(err instanceof Error && err.message.includes(OTHER_LOG))) throw err
+        await this.#renew('an append found another log')
+      }
+    }
+  }
+
+  /** An append script with the arguments they all take (see APPEND, guarded). */
+  #eval(script: string, log: string, body: { at: number } & Record<string, unknown>, expected: readonly string[], gone: readonly string[]): Promise<unknown> {
     const { at } = body
     const k = this.#keys
     const agents = [...new Set(expected)]
     const roster = JSON.stringify(agents)
     return this.#redis.eval(
       script,
-      6,
+      7,
       k.stream,
       k.seq,
       k.gone,
       k.rosters,
       k.tracked,
       k.left,
+      k.id,
+      log,
+      this.#high,
       JSON.stringify(body),
       roster,
       this.#retention,
@@ -338,7 +412,9 @@ export class RedisEventStore implements EventStore {
 
   async ack(agentId: string, seq: number): Promise<void> {
     const k = this.#keys
+    const log = this.#id
     const done = (await this.#redis.eval(ACK, 6, k.acks, k.seq, k.stream, k.left, k.rosters, k.tracked, agentId, seq, k.derived, this.#opts.ackFloor ?? 1024)) as (number | string)[]
+    for (let i = 0; i < done.length; i += 2) this.#mine.delete(`${log} ${done[i]}`)
     if (!this.#opts.onDelivered) return
     const now = this.#opts.clock.now()
     for (let i = 0; i < done.length; i += 2) {
@@ -426,9 +502,13 @@ export class RedisEventStore implements EventStore {
     while (!this.#closed) {
       let res: [string, Entry[]][] | null
       try {
-        if (failed) await this.#rejoin()
+        // Back after an outage, or a round with nothing new (a log flushed or rolled back
+        // under this reader leaves it waiting past an end that no longer exists): still the
+        // log this router knows?
+        if (failed) await this.#renew('Redis answers again after an outage')
         res = (await this.#reader.xread('COUNT', 500, 'BLOCK', READER_BLOCK_MS, 'STREAMS', this.#keys.stream, `${this.#cursor}-0`)) as [string, Entry[]][] | null
         failed = false
+        if (!res) await this.#renew('a read round found nothing new')
       } catch (err) {
         if (this.#closed) return
         // The first failure of a run is reported; the retries every retryMs are not.
@@ -446,24 +526,61 @@ export class RedisEventStore implements EventStore {
           this.#dispatch({ seq: seq - 1, type: 'snapshot', goneEngineIds: await this.#goneIds(now), at: now })
         }
         this.#cursor = seq
+        this.#high = Math.max(this.#high, seq)
         this.#dispatch(parse(entry))
       }
     }
   }
 
   /**
-   * Back after an outage: is it still the same log? Redis restarted empty has no id (the
-   * first router back names a new one) and a sequence behind this reader's: everything
-   * starts over from the new log's current end.
+   * Is the log still the one this router knows (its id, and a sequence not behind what it
+   * saw)? If not, takes it up as it stands, renamed when its id went or its history fell
+   * behind (see RENEW): the reader goes on from its end, the caller ends the agents' streams
+   * (they start the new log over), and this router's undelivered events are logged again.
+   * One at a time; a call during one waits for it.
    */
-  async #rejoin(): Promise<void> {
-    await this.#redis.set(this.#keys.id, randomUUID(), 'NX')
-    const [id, last] = await Promise.all([this.#redis.get(this.#keys.id), this.#redis.get(this.#keys.seq)])
-    const seq = Number(last ?? 0)
-    if (id === this.#id && seq >= this.#cursor) return
-    this.#id = id as string
-    this.#cursor = seq
-    this.#opts.onReset?.(this.#id)
+  #renew(why: string): Promise<void> {
+    this.#renewing ??= (async () => {
+      try {
+        const k = this.#keys
+        const old = this.#id
+        const [id, seq] = (await this.#redis.eval(RENEW, 2, k.id, k.seq, old, this.#high, randomUUID())) as [string, number]
+        if (id === old) return
+        this.#id = id
+        this.#cursor = Number(seq)
+        this.#high = Number(seq)
+        this.#opts.onReset?.(id, why)
+      } finally {
+        this.#renewing = undefined
+      }
+    })()
+    return this.#renewing.then(() => this.#replay())
+  }
+
+  /** Logs again, in order, this router's undelivered events of logs that are gone. */
+  async #replay(): Promise<void> {
+    const stale = [...this.#mine].filter(([key]) => !key.startsWith(`${this.#id} `))
+    for (const [key, e] of stale) {
+      if (!this.#mine.delete(key)) continue // a concurrent replay took it
+      try {
+        if (e.kind === 'append') await this.append(e.input, e.expected)
+        else if (e.kind === 'gone') await this.appendPeerGone(e.input, e.expected)
+        else await this.appendPeerAlive(e.input, e.expected)
+      } catch (err) {
+        this.#mine.set(key, e) // again at the next renewal (its place in the order is lost)
+        throw err
+      }
+    }
+  }
+
+  /** Keeps what this router logged until it is seen delivered, within retention and goneTtlMs. */
+  #keep(log: string, seq: number, e: Logged): void {
+    this.#mine.set(`${log} ${seq}`, e)
+    const oldest = this.#opts.clock.now() - this.#goneTtlMs
+    for (const [key, kept] of this.#mine) {
+      if (this.#mine.size <= this.#retention && kept.at >= oldest) break
+      this.#mine.delete(key)
+    }
   }
 
   #dispatch(event: LoggedEvent | SnapshotEvent): void {

@@ -26,6 +26,8 @@ export async function openRedisStore(deps: RouterStoreDeps): Promise<RouterStore
     throw new RTR_ERR_CONFIG(`store.url ${redactUrl(url as string)}: cannot reach Redis at start-up (${(err as Error).message})`, { cause: err })
   }
   const redis = conn.client
+  const ledgers: RedisLeaseLedger[] = []
+  let topology: SharedTopology | undefined
   const events = await RedisEventStore.open({
     redis,
     prefix,
@@ -33,15 +35,20 @@ export async function openRedisStore(deps: RouterStoreDeps): Promise<RouterStore
     retention: config.events.retention,
     deliveryEntries: config.events.deliveryEntries,
     ...(deps.onDelivered ? { onDelivered: deps.onDelivered } : {}),
-    ...(deps.onEventLogReset ? { onReset: deps.onEventLogReset } : {}),
+    // Another log (Redis flushed, restarted empty or from an older snapshot): what this router
+    // knows of the topology and its leases may be missing there too; both are written again.
+    onReset: (id, why) => {
+      logger.warn({ logId: id, why }, 'the event log is another one now (Redis lost or rolled back its data): agents start it over; this router logs again what it had not seen delivered, and shares its topology and leases again')
+      deps.onEventLogReset?.()
+      topology?.resync().catch(() => {})
+      for (const l of ledgers) l.resync().catch(() => {})
+    },
     // The connection's state says degraded meanwhile; this says why the reader stopped.
     onError: (err) => logger.warn({ err: String(err) }, 'the event log reader failed (a lost connection: it resumes after the last event it read once Redis answers)'),
   })
   const members = new Membership({ redis, routerId, prefix, ttlMs: memberTtlMs, clock, logger, ...(deps.url ? { url: deps.url } : {}) })
   await members.join()
   const leader = new LeaderLock({ redis, routerId, prefix, ttlMs: memberTtlMs, clock, logger })
-  const ledgers: RedisLeaseLedger[] = []
-  let topology: SharedTopology | undefined
   const goneListeners: ((routerId: string, unread: readonly LeaseRecord[]) => void)[] = []
   members.onDeparted((gone) => {
     void Promise.all(ledgers.map((l) => l.reap(gone))).then(

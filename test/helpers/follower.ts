@@ -9,7 +9,7 @@ import type { Teardown } from './cluster.js'
  */
 const SCRIPT = new URL('../../transfer-agent/vllm/tests/follow_router.py', import.meta.url).pathname
 
-export type FollowerLine = { started?: boolean; new_log?: boolean; event?: { seq: number; type: string; engineIds?: string[] } }
+export type FollowerLine = { started?: boolean; new_log?: boolean; event?: { seq: number; type: string; engineIds?: string[]; goneEngineIds?: string[] } }
 
 export interface Follower {
   readonly lines: FollowerLine[]
@@ -18,9 +18,13 @@ export interface Follower {
   stderr(): string
 }
 
-/** Starts one following `routers` in turn, as engine `engineId` (its agent id is `vllm-<engineId>`); killed when the test ends. */
-export function startFollower(t: Teardown, opts: { engineId: string; routers: string[]; token: string }): Follower {
-  const args = [SCRIPT, '--engine-id', opts.engineId, '--role', 'decode', '--agent-url', 'http://127.0.0.1:5601', '--engine-url', 'http://127.0.0.1:10']
+/**
+ * Starts one following `routers` in turn, as engine `engineId` (its agent id is
+ * `vllm-<engineId>`); killed when the test ends. Followers side by side need agent URLs of
+ * their own (the router takes one at an address another held as its restart).
+ */
+export function startFollower(t: Teardown, opts: { engineId: string; routers: string[]; token: string; agentUrl?: string }): Follower {
+  const args = [SCRIPT, '--engine-id', opts.engineId, '--role', 'decode', '--agent-url', opts.agentUrl ?? 'http://127.0.0.1:5601', '--engine-url', 'http://127.0.0.1:10']
   for (const url of opts.routers) args.push('--router', url)
   const child = spawn('python3', args, { env: { ...process.env, HANDOFF_AGENT_TOKEN: opts.token }, stdio: ['pipe', 'pipe', 'pipe'] })
   let stderr = ''

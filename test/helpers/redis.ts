@@ -1,4 +1,7 @@
 import { type ChildProcess, spawn, spawnSync } from 'node:child_process'
+import { mkdtempSync, rmSync } from 'node:fs'
+import { tmpdir } from 'node:os'
+import { join } from 'node:path'
 import { connect } from 'node:net'
 import { setTimeout as sleep } from 'node:timers/promises'
 import { freePort } from '../../common/ports.js'
@@ -15,19 +18,25 @@ export function needRedis(t: { fail(message: string): void }): string | false {
 }
 
 /**
- * A real `redis-server` on a free loopback port, nothing persisted, killed when the test
- * ends (issue 10: nothing is mocked). Debian's package; `.ci/run` installs it.
+ * A real `redis-server` on a free loopback port, killed when the test ends (issue 10: nothing
+ * is mocked). Debian's package; `.ci/run` installs it. Nothing is persisted unless a test
+ * asks for a snapshot (`SAVE`): a restart then loads the last one, as Redis restarted from an
+ * older RDB does (issue 21 item 2).
  */
 export interface LocalRedis {
   port: number
   url: string
-  /** Kills the server now (a Redis outage); `start` brings one back on the same port, empty. */
+  /** Kills the server now (a Redis outage, no shutdown save); `start` brings one back on the same port, from the last SAVE if any. */
   stop(): Promise<void>
   start(): Promise<void>
+  /** Drops the last snapshot: the next start is empty. */
+  forgetSnapshot(): void
 }
 
 export async function startRedis(t: Teardown): Promise<LocalRedis> {
   const port = await freePort()
+  const dir = mkdtempSync(join(tmpdir(), 'handoff-redis-'))
+  t.teardown(() => rmSync(dir, { recursive: true, force: true }))
   let child: ChildProcess | undefined
   const stop = async (): Promise<void> => {
     const c = child
@@ -38,7 +47,7 @@ export async function startRedis(t: Teardown): Promise<LocalRedis> {
     await exited
   }
   const start = async (): Promise<void> => {
-    const c = spawn('redis-server', ['--port', String(port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no'], { stdio: ['ignore', 'ignore', 'pipe'] })
+    const c = spawn('redis-server', ['--port', String(port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no', '--dir', dir], { stdio: ['ignore', 'ignore', 'pipe'] })
     child = c
     let stderr = ''
     c.stderr?.on('data', (d: Buffer) => (stderr += d.toString()))
@@ -55,7 +64,7 @@ export async function startRedis(t: Teardown): Promise<LocalRedis> {
   }
   await start()
   t.teardown(stop)
-  return { port, url: `redis://127.0.0.1:${port}`, stop, start }
+  return { port, url: `redis://127.0.0.1:${port}`, stop, start, forgetSnapshot: () => rmSync(join(dir, 'dump.rdb'), { force: true }) }
 }
 
 /** One raw PING; true on +PONG. */

@@ -251,6 +251,11 @@ export class TransferAgent {
   }
 
   /** The router's peer_gone (idempotent; unknown peers are a no-op). */
+  /** Whether `engineId` was declared gone and still fails fast here. */
+  isGone(engineId: string): boolean {
+    return this.#peers.isGone(engineId)
+  }
+
   async peerGone(req: PeerGoneRequest): Promise<void> {
     this.#d.log.info({ engineIds: req.engineIds, addresses: req.addresses, reason: req.reason }, 'peer_gone')
     await this.#peers.peerGone({ ...(req.engineIds ? { engineIds: req.engineIds } : {}), ...(req.addresses ? { addresses: req.addresses } : {}) })

@@ -25,6 +25,9 @@ export const engineRoutes: FastifyPluginAsync<EngineRoutesOptions> = async (app,
     await agent.peerGone(request.body)
     return reply.code(200).send({ applied: true })
   })
+  // Whether this agent holds `engineId` as gone (its tombstone: reads from it fail fast), as a
+  // peer_gone from the router or ops left it: what ops ask after declaring an engine gone.
+  app.get<{ Params: { engineId: string } }>('/v1/peers/gone/:engineId', async (request) => ({ engineId: request.params.engineId, gone: agent.isGone(request.params.engineId) }))
 
   app.post<{ Body: AgentAttach }>('/v1/engine/attach', { schema: { body: { $ref: 'AgentAttach#' } } }, async (request) => agent.attach(request.body))
 

@@ -89,7 +89,7 @@ export async function openCore(config: RouterConfig, opts: CoreOptions): Promise
     agents,
     registry,
     logger: log.child({ component: 'events' }),
-    metrics: { events: metrics.events },
+    metrics: { events: metrics.events, decisionsDropped: metrics.decisionsDropped },
     maxAgents: config.limits.maxAgents,
     onLogged: (event) => engineNotifier.notify(event),
     ...(shared ? { presence: shared } : {}),

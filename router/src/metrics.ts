@@ -38,6 +38,11 @@ export function createRouterMetrics() {
       labelNames: ['type'] as const,
       registers,
     }),
+    decisionsDropped: new Counter({
+      name: 'handoff_router_decisions_dropped_total',
+      help: "The router's own decisions (peer_gone, lease_release, ...) the event store refused for good, not for an outage: dropped so that later ones go on",
+      registers,
+    }),
     pairBreakerOpens: new Counter({
       name: 'handoff_router_pair_breaker_opens_total',
       help: 'Times a (prefiller, decoder) pair breaker opened after KV-load failures',

@@ -123,9 +123,22 @@ function setup() {
     store: new MemoryEventStore({ clock }),
     agents: new AgentDirectory({ clock }),
     registry,
-    logger: { info: (_o, msg) => logged.push({ level: 'info', msg }), warn: (_o, msg) => logged.push({ level: 'warn', msg }) },
+    logger: { info: (_o, msg) => logged.push({ level: 'info', msg }), warn: (_o, msg) => logged.push({ level: 'warn', msg }), error: (_o, msg) => logged.push({ level: 'error', msg }) },
   })
   return { clock, registry, events, logged }
+}
+
+/** A memory store whose peer_gone appends fail while `failing` says so: an outage (retryable) or for good. */
+class FlakyStore extends MemoryEventStore {
+  failing: (engineIds: readonly string[]) => 'outage' | 'for good' | undefined = () => undefined
+  override async appendPeerGone(input: Parameters<MemoryEventStore['appendPeerGone']>[0], expected: readonly string[]) {
+    const how = this.failing(input.engineIds)
+    if (how) throw Object.assign(new Error(how === 'outage' ? 'Connection is closed.' : 'ERR a script error'), { how })
+    return super.appendPeerGone(input, expected)
+  }
+  override retryable(err: unknown): boolean {
+    return (err as { how?: string }).how === 'outage'
+  }
 }
 
 t.test('RouterEvents: an engine_id change at an instance becomes peer_gone for the old id', async (t) => {
@@ -349,4 +362,42 @@ t.test('EventLog: delivery is reported once per event, when its last expected ag
   log.ack('b', 1)
   log.ack('a', 2)
   t.same(delivered, [[2, 7], [1, 12]], 'once each, never again on repeated acks')
+})
+
+// Issue 21 item 6: a decision the store refuses for good must not hold back every later one;
+// one refused for an outage waits, in order, with the ones after it.
+t.test('RouterEvents: a decision refused for good is dropped; one refused for an outage is retried in order', async (t) => {
+  const clock = new ManualClock()
+  const registry = new TopologyRegistry({ clock, policy, instances: [{ id: 'p', role: 'prefill', url: 'http://127.0.0.1:1001' }] })
+  const store = new FlakyStore({ clock })
+  const logged: string[] = []
+  let dropped = 0
+  const events = new RouterEvents({
+    store,
+    agents: new AgentDirectory({ clock }),
+    registry,
+    retryMs: 10,
+    metrics: { events: { inc: () => {} }, decisionsDropped: { inc: () => dropped++ } },
+    logger: { info: (_o, msg) => logged.push(msg), warn: (_o, msg) => logged.push(msg), error: (_o, msg) => logged.push(msg) },
+  })
+  const gone = async () => (await store.since(0)).flatMap((e) => (e.type === 'peer_gone' ? e.engineIds : []))
+
+  store.failing = (ids) => (ids.includes('p-bad') ? 'for good' : undefined)
+  for (const id of ['p-bad', 'p-1', 'p-2']) registry.observeEngineId('p', id)
+  await events.settled()
+  t.same(await gone(), ['p-1'], 'the peer_gone after the one refused for good was logged')
+  t.equal(dropped, 1, 'the refused one was counted')
+  t.match(logged, [/refused a decision for good/], 'and logged as an error')
+  t.equal(events.pending, 0, 'nothing waits')
+
+  let outage = true
+  store.failing = () => (outage ? 'outage' : undefined)
+  registry.observeEngineId('p', 'p-3')
+  registry.observeEngineId('p', 'p-4')
+  await events.settled()
+  t.equal(events.pending, 2, 'during an outage both wait')
+  outage = false
+  t.ok(await waitFor(async () => events.pending === 0, 5000), 'and are logged once the store is back')
+  t.same(await gone(), ['p-1', 'p-2', 'p-3'], 'in the order they were taken')
+  t.equal(dropped, 1, 'none dropped')
 })

@@ -1,7 +1,8 @@
 import t from 'tap'
+import { Redis } from 'ioredis'
 import { ManualClock } from '../../common/clock.js'
 import { freePort } from '../../common/ports.js'
-import { READER_BLOCK_MS, redactUrl, StoreConnection, type StoreState } from '../../router/src/store/connection.js'
+import { READER_BLOCK_MS, redactUrl, retryableRedisError, StoreConnection, type StoreState } from '../../router/src/store/connection.js'
 import { startTcpProxy } from '../../bench/tcp-proxy.js'
 import { waitFor } from '../helpers/cluster.js'
 import { needRedis, startRedis } from '../helpers/redis.js'
@@ -128,4 +129,21 @@ t.test('with a real Redis', { skip: needRedis(t) }, async (t) => {
     const late = conn.duplicate()
     t.ok(await waitFor(() => late.status === 'end', 2000), 'a duplicate taken after close() is closed at once')
   })
+})
+
+// Issue 21 item 6: which failures a decision waits out (the store away or failing over) and
+// which would fail the same way every time (then it is dropped, not retried forever).
+t.test('retryableRedisError: no answer, or an answer that passes; not a script error nor a bug', { skip: needRedis(t) }, async (t) => {
+  const server = await startRedis(t)
+  const redis = new Redis(server.port, '127.0.0.1', { maxRetriesPerRequest: 0, enableOfflineQueue: false })
+  t.teardown(() => redis.disconnect())
+  await new Promise((resolve) => redis.once('ready', resolve))
+  const refusal = async (p: Promise<unknown>): Promise<unknown> => p.then(() => undefined, (err: unknown) => err)
+  t.notOk(retryableRedisError(await refusal(redis.eval("return redis.error_reply('ERR broken')", 0))), 'a script error')
+  t.notOk(retryableRedisError(await refusal(redis.eval('return nil +', 0))), 'a script that does not compile')
+  t.notOk(retryableRedisError(new TypeError('x is undefined')), 'a bug of ours')
+  t.ok(retryableRedisError(await refusal(redis.eval("return redis.error_reply('READONLY You can\\'t write against a read only replica.')", 0))), 'a replica not yet promoted')
+  t.ok(retryableRedisError(await refusal(redis.eval("return redis.error_reply('LOADING Redis is loading the dataset in memory')", 0))), 'a server loading its data')
+  await server.stop()
+  t.ok(retryableRedisError(await refusal(redis.get('k'))), 'Redis gone')
 })

@@ -142,4 +142,23 @@ t.test('on a real Redis', { skip: needRedis(t) }, async (t) => {
     await server.stop()
     t.equal(await a.leave(), false)
   })
+
+  // Issue 21 item 6: expiry on the Redis server's clock. Before, scores were each router's
+  // wall clock: a sweeper two minutes ahead saw every other router departed at once.
+  t.test('a router whose wall clock is two minutes off neither sweeps live routers nor is swept', async (t) => {
+    const { member } = await setup(t)
+    const skewed = (ms: number): MembershipOptions['clock'] => ({ ...systemClock, now: () => Date.now() + ms })
+    const ahead = member('ahead', skewed(120_000))
+    const behind = member('behind', skewed(-120_000))
+    const a = member('a')
+    await Promise.all([ahead.join(), behind.join(), a.join()])
+    await waitFor(() => false, 2 * TTL)
+    for (const m of [ahead, behind, a]) {
+      t.same(await m.sweep(), [], `${m.routerId} sweeps nobody`)
+      t.same((await m.alive()).sort(), ['a', 'ahead', 'behind'], `${m.routerId} sees all three alive`)
+    }
+    await behind.leave()
+    await ahead.leave()
+    t.same(await a.alive(), ['a'])
+  })
 })

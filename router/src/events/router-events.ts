@@ -41,10 +41,13 @@ export interface PeerGoneResult {
 export interface EventsLogger {
   info(obj: object, msg: string): void
   warn(obj: object, msg: string): void
+  error(obj: object, msg: string): void
 }
 
 export interface RouterEventsMetrics {
   events: { inc(labels: { type: string }): void }
+  /** Decisions the store refused for good (not an outage): dropped, so later ones go on. */
+  decisionsDropped?: { inc(): void }
 }
 
 /** Which agents hold an event stream now, on any router sharing the store. */
@@ -163,8 +166,10 @@ export class RouterEvents {
   }
 
   /**
-   * Runs one of the router's own decisions after the ones before it. Refused by the store, it
-   * waits in the retry queue (in order) instead of being lost.
+   * Runs one of the router's own decisions after the ones before it. Refused by a store that
+   * is away, it waits in the retry queue (in order) instead of being lost, and so do the ones
+   * after it. Refused for good (the store answered, and would answer the same again), it is
+   * logged and dropped: one bad decision must not hold back every later one.
    */
   #decide(what: string, run: () => Promise<unknown>): void {
     const go = async (): Promise<void> => {
@@ -175,12 +180,21 @@ export class RouterEvents {
       try {
         await run()
       } catch (err) {
+        if (!this.#retryable(what, err)) return
         this.#logger.warn({ err: (err as Error).message, what }, 'event store refused a decision; retrying until it takes it')
         this.#retries.push({ what, run })
         this.#scheduleRetry()
       }
     }
     this.#tail = this.#tail.then(go, go)
+  }
+
+  /** Whether a refused decision waits for a retry; one refused for good is dropped here. */
+  #retryable(what: string, err: unknown): boolean {
+    if (this.store.retryable(err)) return true
+    this.#metrics?.decisionsDropped?.inc()
+    this.#logger.error({ err: (err as Error)?.message ?? String(err), what }, 'event store refused a decision for good (not an outage); dropped so that later decisions go on')
+    return false
   }
 
   #scheduleRetry(): void {
@@ -190,14 +204,18 @@ export class RouterEvents {
       this.#tail = this.#tail.then(async () => {
         while (this.#retries.length > 0 && !this.#closed) {
           const next = this.#retries[0] as { what: string; run: () => Promise<unknown> }
+          let took = true
           try {
             await next.run()
-          } catch {
-            this.#scheduleRetry()
-            return
+          } catch (err) {
+            if (this.#retryable(next.what, err)) {
+              this.#scheduleRetry()
+              return
+            }
+            took = false
           }
           this.#retries.shift()
-          this.#logger.info({ what: next.what, left: this.#retries.length }, 'event store took a decision it had refused')
+          if (took) this.#logger.info({ what: next.what, left: this.#retries.length }, 'event store took a decision it had refused')
         }
       })
     }, this.#retryMs)

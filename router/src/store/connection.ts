@@ -263,3 +263,18 @@ async function quit(redis: Redis, ms: number): Promise<void> {
   await redis.quit().catch(() => redis.disconnect())
   await ended
 }
+
+// Redis's own answers that pass: a server loading its data, a replica not yet promoted or
+// lagging, a busy script, memory full until something is evicted.
+const PASSING_REPLIES = /^(LOADING|READONLY|MASTERDOWN|NOREPLICAS|BUSY|TRYAGAIN|CLUSTERDOWN|OOM|NOSCRIPT)\b/
+
+/**
+ * Whether a failed command is worth sending again: no answer at all (connection lost, refused,
+ * timed out, the offline queue full) or one of Redis's passing answers. Any other answer (a
+ * script error, a wrong type) and any error of ours would fail the same way every time.
+ */
+export function retryableRedisError(err: unknown): boolean {
+  if (!(err instanceof Error)) return false
+  if (err.name === 'ReplyError') return PASSING_REPLIES.test(err.message)
+  return err.name === 'MaxRetriesPerRequestError' || /Connection is closed|Command timed out|Stream isn't writeable|ECONNREFUSED|ECONNRESET|ETIMEDOUT|EPIPE|EHOSTUNREACH|ENETUNREACH|connect/i.test(err.message)
+}

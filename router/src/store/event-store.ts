@@ -51,6 +51,11 @@ export interface EventStore {
    * in place of what it missed.
    */
   subscribe(listener: EventListener): () => void
+  /**
+   * Whether a failure of this store's is worth trying again (the store away or failing over),
+   * as opposed to one that would fail the same way every time (a bug, a script Redis refuses).
+   */
+  retryable(err: unknown): boolean
   /** Stops live delivery and releases what the store opened (not clients it was given). */
   close(): Promise<void>
 }
@@ -148,6 +153,11 @@ export class MemoryEventStore implements EventStore {
 
   subscribe(listener: EventListener): () => void {
     return this.#log.subscribe(listener)
+  }
+
+  /** Memory never goes away: whatever failed will fail again. */
+  retryable(_err: unknown): boolean {
+    return false
   }
 
   async close(): Promise<void> {}

@@ -15,7 +15,7 @@ export interface MemberInfo {
 
 export interface Member {
   routerId: string
-  /** Wall ms until which its last renewal keeps it alive. */
+  /** Until when its last renewal keeps it alive, ms on the Redis server's clock. */
   expiresAt: number
   /** Absent if its info entry is missing (being swept, or written by something else). */
   info?: MemberInfo
@@ -35,7 +35,7 @@ export interface MembershipOptions {
   logger?: StoreLogger
 }
 
-// KEYS: routers, info. ARGV: now (wall ms), the sweeper's own id. Removes every entry whose
+// KEYS: routers, info. ARGV: now (ms on the server's clock), the sweeper's own id. Removes every entry whose
 // expiry is not after now, except the sweeper's own (its renewal is due, not its departure),
 // and returns {id, info or false, ...} for each one this call removed: ZREM returning 1 makes
 // the report, so of two sweepers each departure is reported by exactly one.
@@ -51,12 +51,23 @@ end
 return out
 `
 
+// KEYS: routers, info. ARGV: ttl ms, id, info. Scores the entry by the Redis server's clock
+// (TIME), never the caller's, and returns {added, the server's now in ms}.
+const RENEW = `
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local added = redis.call('ZADD', KEYS[1], now + tonumber(ARGV[1]), ARGV[2])
+redis.call('HSET', KEYS[2], ARGV[2], ARGV[3])
+return {added, now}
+`
+
 /**
  * Router replicas on one Redis (issue 10). `<prefix>routers` is a sorted set of router ids
- * scored by when each entry expires (wall ms: clock.now() + ttlMs at its last renewal);
+ * scored by when each entry expires: the Redis server's time at its last renewal plus ttlMs;
  * `<prefix>routers:info` maps each id to its `MemberInfo` as JSON. A router is alive while its
- * score is after now. Scores compare wall clocks of different hosts: keep their skew well
- * under ttlMs.
+ * score is after now, on the server's clock too (issue 21 item 6): each renewal also tells
+ * this router how far the server's clock is from its own monotonic one, so a host whose wall
+ * clock is off by more than a TTL neither sees live routers departed nor keeps dead ones.
  *
  * `join()` announces this router and renews every ttlMs/3 until `leave()`. While Redis is
  * unreachable renewals fail quietly (one warning per outage) and resume when it is back. A
@@ -81,6 +92,8 @@ export class Membership {
   #failing = false
   /** Whether a renewal has ever reached Redis: a later one that adds the entry back is a re-join. */
   #wasMember = false
+  /** The Redis server's clock minus this router's monotonic one, ms (from the last renewal). */
+  #serverOffset: number | undefined
 
   constructor(opts: MembershipOptions) {
     if (!(Number.isInteger(opts.ttlMs) && opts.ttlMs >= 3)) throw new RangeError(`ttlMs must be an integer ≥ 3, got ${opts.ttlMs}`)
@@ -128,12 +141,12 @@ export class Membership {
 
   /** The ids whose entries are still alive (expiry after now). */
   async alive(): Promise<string[]> {
-    return this.#redis.zrangebyscore(this.#keys.routers, `(${this.#clock.now()}`, '+inf')
+    return this.#redis.zrangebyscore(this.#keys.routers, `(${this.#now()}`, '+inf')
   }
 
   /** The alive routers with their expiry and info. */
   async members(): Promise<Member[]> {
-    const raw = await this.#redis.zrangebyscore(this.#keys.routers, `(${this.#clock.now()}`, '+inf', 'WITHSCORES')
+    const raw = await this.#redis.zrangebyscore(this.#keys.routers, `(${this.#now()}`, '+inf', 'WITHSCORES')
     const ids = raw.filter((_, i) => i % 2 === 0)
     const infos = ids.length > 0 ? await this.#redis.hmget(this.#keys.info, ...ids) : []
     return ids.map((routerId, i) => {
@@ -155,7 +168,7 @@ export class Membership {
    * returns the ids it removed. Throws if Redis is unreachable (the next sweep catches up).
    */
   async sweep(): Promise<string[]> {
-    const out = (await this.#redis.eval(SWEEP, 2, this.#keys.routers, this.#keys.info, this.#clock.now(), this.routerId)) as (string | null)[]
+    const out = (await this.#redis.eval(SWEEP, 2, this.#keys.routers, this.#keys.info, this.#now(), this.routerId)) as (string | null)[]
     const ids: string[] = []
     for (let i = 0; i < out.length; i += 2) {
       const id = out[i] as string
@@ -167,17 +180,18 @@ export class Membership {
     return ids
   }
 
+  /** The Redis server's time now, ms: this router's monotonic clock and the last offset measured. */
+  #now(): number {
+    return this.#serverOffset === undefined ? this.#clock.now() : this.#clock.monotonic() + this.#serverOffset
+  }
+
   #renew(): Promise<boolean> {
-    const expiresAt = this.#clock.now() + this.#opts.ttlMs
-    const attempt = this.#redis
-      .multi()
-      .zadd(this.#keys.routers, expiresAt, this.routerId)
-      .hset(this.#keys.info, this.routerId, this.#info)
-      .exec()
+    const sent = this.#clock.monotonic()
+    const attempt = (this.#redis.eval(RENEW, 2, this.#keys.routers, this.#keys.info, this.#opts.ttlMs, this.routerId, this.#info) as Promise<[number, number]>)
       .then(
-        (res) => {
-          const [err, added] = res?.[0] ?? [new Error('transaction aborted'), 0]
-          if (err) throw err
+        ([added, serverNow]) => {
+          // The server read its clock somewhere between send and answer: take the middle.
+          this.#serverOffset = Number(serverNow) - (sent + this.#clock.monotonic()) / 2
           if (this.#failing) this.#opts.logger?.info({}, 'membership renewals reach the shared store again')
           // Added back: a sweep took it while it was away past its TTL (see the class comment), or Redis restarted empty.
           if (added === 1 && this.#wasMember) this.#opts.logger?.info({}, 'this router re-joined: its entry had expired (swept) or Redis lost it')

@@ -2,7 +2,7 @@ import { createHash, randomUUID } from 'node:crypto'
 import type { Redis } from 'ioredis'
 import type { PeerAliveEvent, PeerGoneEvent, RouterEvent, SnapshotEvent } from '../../../schemas/events.js'
 import { engineIdsOf, type Delivery, type EventInput, type LoggedEvent, type LogStats, type PeerAliveInput, type PeerGoneInput } from '../events/event-log.js'
-import { READER_BLOCK_MS } from './connection.js'
+import { READER_BLOCK_MS, retryableRedisError } from './connection.js'
 import type { EventListener, EventStore, EventStoreOptions } from './event-store.js'
 
 /**
@@ -477,6 +477,11 @@ export class RedisEventStore implements EventStore {
     if (r === undefined) return JSON.parse(field(entry, 'x') ?? '[]') as string[]
     if (r === '') return []
     return JSON.parse((await this.#redis.get(`${this.#keys.derived}roster-list:${r}`)) ?? '[]') as string[]
+  }
+
+  retryable(err: unknown): boolean {
+    // The log changed again while this router took up the last change: the next try goes on.
+    return retryableRedisError(err) || (err instanceof Error && err.message.includes(OTHER_LOG))
   }
 
   subscribe(listener: EventListener): () => void {

@@ -145,10 +145,19 @@ t.test('the preStop drain script against a real router', { skip: needNixl(t, pro
     t.teardown(() => {
       if (stopped) d0.agent.child.kill('SIGCONT')
     })
-    t.ok(
-      (await within(5000, async () => ((await get(`${router.url}/leases?instance=${P0}`, admin)).json<LeaseView>().byPrefill[P0] ?? 0) > 0)) >= 0,
-      'P0 has unread leases',
-    )
+    // Each worker now waits on the stopped decoder with one request, prefilled at one of three
+    // prefillers: with six, none at P0 one run in eleven ((2/3)^6; fr26). More requests, each
+    // also held at the decoder, until one is P0's.
+    const extra: Promise<void>[] = []
+    const p0Unread = async (): Promise<boolean> => ((await get(`${router.url}/leases?instance=${P0}`, admin)).json<LeaseView>().byPrefill[P0] ?? 0) > 0
+    const heldAtP0 = await within(10_000, async () => {
+      if (await p0Unread()) return true
+      const i = 9000 + extra.length
+      if (extra.length < 30) extra.push(complete(router.url, completionBody(i, 'drain'), i).then((o) => void outcomes.push(o)))
+      await sleep(100)
+      return false
+    })
+    t.ok(heldAtP0 >= 0, `P0 has unread leases (${extra.length} request(s) more sent to get there)`)
     const started = performance.now()
     const hook = runPrestopHook(['--router-url', router.url, '--deadline-seconds', '30', '--progress-seconds', '0.3'], podEnv('prefill-0'))
     await sleep(1500)
@@ -159,7 +168,7 @@ t.test('the preStop drain script against a real router', { skip: needNixl(t, pro
     const afterDrain = outcomes.length
     await sleep(300)
     stop = true
-    await load
+    await Promise.all([load, ...extra])
     polling = false
     await poller
 

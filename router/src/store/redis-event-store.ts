@@ -26,7 +26,9 @@ import type { EventListener, EventStore, EventStoreOptions } from './event-store
  *   held events per roster, and a roster goes with the last of them. `events:tracked` is the
  *   sum of the held rosters' sizes.
  * - `events:left`: hash, seq → expected agents that have not acknowledged it yet (the field
- *   goes once it is delivered or trimmed).
+ *   goes once it is delivered or trimmed); `events:pending:<roster id>`: sorted set of those
+ *   sequences by roster, so that an ack visits only the events still waiting for its agent,
+ *   however far it jumps (issue 21 item 6).
  * - `acks`: hash, agent id → the last sequence it acknowledged; agents no held event is for
  *   are forgotten past `ackFloor`.
  * Entries logged before rosters (field `x`, sets `events:waiting:<seq>`) are still read and
@@ -62,6 +64,7 @@ if n > 0 then
     redis.call('INCRBY', KEYS[5], n)
   end
   redis.call('HSET', KEYS[6], seq, n)
+  redis.call('ZADD', ARGV[4] .. 'pending:' .. rid, seq, seq)
 end
 redis.call('XADD', KEYS[1], seq .. '-0', 'e', ARGV[1], 'r', rid)
 local retention = tonumber(ARGV[3])
@@ -75,10 +78,11 @@ while len > retention or (len > 1 and tonumber(redis.call('GET', KEYS[5]) or '0'
   redis.call('XDEL', KEYS[1], head[1])
   redis.call('HDEL', KEYS[6], q)
   redis.call('DEL', ARGV[4] .. 'waiting:' .. q)
+  if r and r ~= '' then redis.call('ZREM', ARGV[4] .. 'pending:' .. r, q) end
   if r and r ~= '' and redis.call('HINCRBY', KEYS[4], r, -1) <= 0 then
     redis.call('HDEL', KEYS[4], r)
     redis.call('DECRBY', KEYS[5], redis.call('SCARD', ARGV[4] .. 'roster:' .. r))
-    redis.call('DEL', ARGV[4] .. 'roster:' .. r, ARGV[4] .. 'roster-list:' .. r)
+    redis.call('DEL', ARGV[4] .. 'roster:' .. r, ARGV[4] .. 'roster-list:' .. r, ARGV[4] .. 'pending:' .. r)
   end
   len = len - 1
 end
@@ -160,7 +164,9 @@ const GUARDED_PEER_ALIVE = guarded(APPEND_PEER_ALIVE)
 
 // KEYS: acks, seq, stream, left, rosters, tracked. ARGV: agent, seq, derived-key prefix,
 // ackFloor. Returns [seq, event JSON, ...] for each event this ack completed (its last
-// expected agent).
+// expected agent). Visits the held rosters that name the agent and, in each, only the events
+// still waiting (events:pending:<roster>) in the range the ack newly covers: the cost follows
+// the events that wait for this agent, never the width of the jump.
 const ACK = `
 local last = tonumber(redis.call('GET', KEYS[2]) or '0')
 local s = tonumber(ARGV[2])
@@ -168,35 +174,45 @@ if s > last then return {} end
 local before = tonumber(redis.call('HGET', KEYS[1], ARGV[1]) or '0')
 if s <= before then return {} end
 redis.call('HSET', KEYS[1], ARGV[1], s)
-local head = redis.call('XRANGE', KEYS[3], '-', '+', 'COUNT', 1)
-local from = before + 1
-if head[1] then
-  local first = tonumber(string.match(head[1][1], '^(%d+)'))
-  if first > from then from = first end
-end
 local function field(entry, name)
   for i = 1, #entry[2], 2 do if entry[2][i] == name then return entry[2][i + 1] end end
 end
 local done = {}
-for q = from, s do
-  if redis.call('HEXISTS', KEYS[4], q) == 1 then
-    local entry = redis.call('XRANGE', KEYS[3], q .. '-0', q .. '-0')[1]
-    local r = entry and field(entry, 'r')
-    if r and redis.call('SISMEMBER', ARGV[3] .. 'roster:' .. r, ARGV[1]) == 1 and redis.call('HINCRBY', KEYS[4], q, -1) <= 0 then
-      redis.call('HDEL', KEYS[4], q)
-      done[#done + 1] = q
-      done[#done + 1] = field(entry, 'e')
-    end
-  else
-    local k = ARGV[3] .. 'waiting:' .. q
-    if redis.call('SREM', k, ARGV[1]) == 1 and redis.call('EXISTS', k) == 0 then
-      local entry = redis.call('XRANGE', KEYS[3], q .. '-0', q .. '-0')[1]
-      if entry then
-        done[#done + 1] = q
-        done[#done + 1] = field(entry, 'e')
+local function complete(q)
+  local entry = redis.call('XRANGE', KEYS[3], q .. '-0', q .. '-0')[1]
+  if entry then
+    done[#done + 1] = q
+    done[#done + 1] = field(entry, 'e')
+  end
+end
+for _, r in ipairs(redis.call('HKEYS', KEYS[5])) do
+  if redis.call('SISMEMBER', ARGV[3] .. 'roster:' .. r, ARGV[1]) == 1 then
+    local pending = ARGV[3] .. 'pending:' .. r
+    for _, q in ipairs(redis.call('ZRANGEBYSCORE', pending, '(' .. before, s)) do
+      if redis.call('HINCRBY', KEYS[4], q, -1) <= 0 then
+        redis.call('HDEL', KEYS[4], q)
+        redis.call('ZREM', pending, q)
+        complete(q)
       end
     end
   end
+end
+-- Entries logged before rosters (field x, sets waiting:<seq>) are the oldest: the head.
+local cursor = '(' .. before .. '-0'
+local count = 1
+while true do
+  local page = redis.call('XRANGE', KEYS[3], cursor, s .. '-0', 'COUNT', count)
+  local legacy = 0
+  for _, entry in ipairs(page) do
+    if field(entry, 'r') ~= nil then break end
+    legacy = legacy + 1
+    local q = string.match(entry[1], '^(%d+)')
+    local k = ARGV[3] .. 'waiting:' .. q
+    if redis.call('SREM', k, ARGV[1]) == 1 and redis.call('EXISTS', k) == 0 then complete(q) end
+    cursor = '(' .. entry[1]
+  end
+  if legacy < count then break end
+  count = 100
 end
 local tracked = tonumber(redis.call('GET', KEYS[6]) or '0')
 if redis.call('HLEN', KEYS[1]) > math.max(tonumber(ARGV[4]), 2 * tracked) then

@@ -70,7 +70,7 @@ function storeOption(value: string | undefined, routers: number): StoreChoice | 
   if (value === undefined) store = undefined
   else if (value === 'memory') store = { kind: 'memory' }
   else if (value === 'redis') store = { kind: 'local' }
-  else if (/^rediss?:\/\/\S+$/.test(value)) store = { kind: 'url', url: value }
+  else if (/^rediss?(\+sentinel)?:\/\/\S+$/.test(value)) store = { kind: 'url', url: value }
   else throw new Error(`--store must be memory, redis or a redis:// URL, got '${value}'`)
   // Routers on separate memory stores would each see only their own events and leases.
   if (routers > 1 && (store === undefined || store.kind === 'memory')) {

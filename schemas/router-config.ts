@@ -223,8 +223,10 @@ export const RouterConfig = Type.Object(
     store: Type.Object(
       {
         kind: Type.Union([Type.Literal('memory'), Type.Literal('redis')], { default: 'memory' }),
-        // redis://[:password@]host:port[/db] or rediss://…; required with kind redis.
-        url: Type.Optional(Type.String({ pattern: '^rediss?://' })),
+        // redis://[:password@]host:port[/db] or rediss://…, or through Sentinel
+        // redis+sentinel://[:password@]host:port[,host:port…]/master[/db] (rediss+sentinel://
+        // for TLS, ?sentinelPassword=… when the sentinels want one); required with kind redis.
+        url: Type.Optional(Type.String({ pattern: '^rediss?(\\+sentinel)?://' })),
         // Every key this router writes starts with it: several fleets can share one Redis.
         prefix: Type.String({ minLength: 1, maxLength: 64, pattern: '^[A-Za-z0-9._:-]+$', default: 'handoff:' }),
         // A replica is alive while its membership entry is renewed (every third of this); the

@@ -63,11 +63,11 @@ function fromEnv(env: NodeJS.ProcessEnv): Record<string, unknown> {
   return out
 }
 
-/** `memory`, or a redis:// URL: the shorthand of env and `--store` for `store: {kind, url}`. */
+/** `memory`, or a redis:// (or redis+sentinel://) URL: the shorthand of env and `--store` for `store: {kind, url}`. */
 function storeFrom(value: string): Record<string, unknown> {
   if (value === 'memory') return { kind: 'memory' }
-  if (/^rediss?:\/\//.test(value)) return { kind: 'redis', url: value }
-  throw new RTR_ERR_CONFIG(`store must be 'memory' or a redis:// URL, got '${value}'`)
+  if (/^rediss?(\+sentinel)?:\/\//.test(value)) return { kind: 'redis', url: value }
+  throw new RTR_ERR_CONFIG(`store must be 'memory', a redis:// URL or a redis+sentinel:// one, got '${value.includes('@') ? `${value.slice(0, value.indexOf('://') + 3)}…` : value}'`)
 }
 
 function deepFreeze<T>(value: T): T {

@@ -1,5 +1,5 @@
 import { type ChildProcess, spawn, spawnSync } from 'node:child_process'
-import { mkdtempSync, rmSync } from 'node:fs'
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { connect } from 'node:net'
@@ -33,10 +33,33 @@ export interface LocalRedis {
   forgetSnapshot(): void
 }
 
-export async function startRedis(t: Teardown): Promise<LocalRedis> {
+/**
+ * `replicaOf`: a replica of the server at that port (for Sentinel, issue 21 item 7). `sentinel`:
+ * a sentinel (the same binary, `--sentinel`) watching the master at that port as `mymaster`,
+ * quorum 1, down after 1 s: Sentinel rewrites its config file, which lives in a temp folder.
+ */
+export async function startRedis(t: Teardown, opts: { replicaOf?: number; sentinel?: number } = {}): Promise<LocalRedis> {
   const port = await freePort()
   const dir = mkdtempSync(join(tmpdir(), 'handoff-redis-'))
   t.teardown(() => rmSync(dir, { recursive: true, force: true }))
+  let args = ['--port', String(port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no', '--dir', dir]
+  if (opts.replicaOf !== undefined) args.push('--replicaof', '127.0.0.1', String(opts.replicaOf))
+  if (opts.sentinel !== undefined) {
+    const conf = join(dir, 'sentinel.conf')
+    writeFileSync(
+      conf,
+      [
+        `port ${port}`,
+        'bind 127.0.0.1',
+        `dir ${dir}`,
+        `sentinel monitor mymaster 127.0.0.1 ${opts.sentinel} 1`,
+        'sentinel down-after-milliseconds mymaster 1000',
+        'sentinel failover-timeout mymaster 5000',
+        '',
+      ].join('\n'),
+    )
+    args = [conf, '--sentinel']
+  }
   let child: ChildProcess | undefined
   const stop = async (): Promise<void> => {
     const c = child
@@ -47,7 +70,7 @@ export async function startRedis(t: Teardown): Promise<LocalRedis> {
     await exited
   }
   const start = async (): Promise<void> => {
-    const c = spawn('redis-server', ['--port', String(port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no', '--dir', dir], { stdio: ['ignore', 'ignore', 'pipe'] })
+    const c = spawn('redis-server', args, { stdio: ['ignore', 'ignore', 'pipe'] })
     child = c
     let stderr = ''
     c.stderr?.on('data', (d: Buffer) => (stderr += d.toString()))

@@ -95,7 +95,11 @@ t.test('store: memory by default; a redis:// URL from env or --store keeps the f
   t.same([fromEnv.store.kind, fromEnv.store.url, fromEnv.store.prefix], ['redis', 'redis://127.0.0.1:6390', 'fleet-a:'])
   const fromFlag = loadConfig({ file: f, env: { HANDOFF_STORE: 'redis://127.0.0.1:6390' }, overrides: { store: 'memory' } })
   t.same([fromFlag.store.kind, fromFlag.store.prefix], ['memory', 'fleet-a:'])
-  t.throws(() => loadConfig({ overrides: { store: 'mysql://x' } }), { code: 'RTR_ERR_CONFIG', message: /store must be 'memory' or a redis:\/\/ URL/ })
+  t.throws(() => loadConfig({ overrides: { store: 'mysql://x' } }), { code: 'RTR_ERR_CONFIG', message: /store must be 'memory', a redis:\/\/ URL or a redis\+sentinel:\/\/ one/ })
+  t.throws(() => loadConfig({ overrides: { store: 'redi://:hunter2@x' } }), { code: 'RTR_ERR_CONFIG', message: /got 'redi:\/\/…'$/ }, 'a password in a mistyped URL is not echoed')
+  const sentinel = 'redis+sentinel://:pw@10.0.0.1:26379,10.0.0.2:26379/mymaster/1'
+  t.same(loadConfig({ env: { HANDOFF_STORE: sentinel } }).store.url, sentinel, 'through Sentinel (issue 21 item 7)')
+  t.equal(loadConfig({ file: file(JSON.stringify({ store: { kind: 'redis', url: sentinel } })) }).store.url, sentinel)
   t.throws(() => loadConfig({ file: file('{"store":{"kind":"redis"}}') }), { code: 'RTR_ERR_CONFIG', message: /needs store.url/ })
   t.throws(() => loadConfig({ file: file('{"store":{"kind":"redis","url":"http://x"}}') }), { code: 'RTR_ERR_CONFIG', message: /url/ })
 })

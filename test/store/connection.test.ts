@@ -2,7 +2,7 @@ import t from 'tap'
 import { Redis } from 'ioredis'
 import { ManualClock } from '../../common/clock.js'
 import { freePort } from '../../common/ports.js'
-import { READER_BLOCK_MS, redactUrl, retryableRedisError, StoreConnection, type StoreState } from '../../router/src/store/connection.js'
+import { READER_BLOCK_MS, redactUrl, redisOptions, retryableRedisError, StoreConnection, type StoreState } from '../../router/src/store/connection.js'
 import { startTcpProxy } from '../../bench/tcp-proxy.js'
 import { waitFor } from '../helpers/cluster.js'
 import { needRedis, startRedis } from '../helpers/redis.js'
@@ -146,4 +146,50 @@ t.test('retryableRedisError: no answer, or an answer that passes; not a script e
   t.ok(retryableRedisError(await refusal(redis.eval("return redis.error_reply('LOADING Redis is loading the dataset in memory')", 0))), 'a server loading its data')
   await server.stop()
   t.ok(retryableRedisError(await refusal(redis.get('k'))), 'Redis gone')
+})
+
+// Issue 21 item 7: a redis+sentinel:// URL, and what it means to ioredis.
+t.test('redisOptions: redis:// as it is; redis+sentinel:// as the sentinels, the master name, the db and the secrets', async (t) => {
+  t.equal(redisOptions('redis://:pw@h:6379/2'), 'redis://:pw@h:6379/2')
+  t.match(redisOptions('redis+sentinel://:s3cret@s1:26379,s2,[::1]:26380/mymaster/3?sentinelPassword=sp'), {
+    sentinels: [
+      { host: 's1', port: 26379 },
+      { host: 's2', port: 26379 },
+      { host: '::1', port: 26380 },
+    ],
+    name: 'mymaster',
+    password: 's3cret',
+    db: 3,
+    sentinelPassword: 'sp',
+    failoverDetector: true,
+  })
+  t.match(redisOptions('rediss+sentinel://u:p@s1:1/m'), { username: 'u', password: 'p', enableTLSForSentinelMode: true, tls: {} })
+  for (const bad of ['http://h', 'redis+sentinel://s1', 'redis+sentinel://s1:x/m', 'redis+sentinel:///m']) t.throws(() => redisOptions(bad), RangeError, bad)
+  t.equal(redactUrl('redis+sentinel://:s3cret@s1:26379,s2/m?sentinelPassword=sp'), 'redis+sentinel://:***@s1:26379,s2/m?sentinelPassword=***')
+})
+
+t.test('through Sentinel: the master is found by name, and found again after a failover', { skip: needRedis(t) }, async (t) => {
+  const master = await startRedis(t)
+  const replica = await startRedis(t, { replicaOf: master.port })
+  const sentinel = await startRedis(t, { sentinel: master.port })
+  const conn = await StoreConnection.open({ url: `redis+sentinel://127.0.0.1:${sentinel.port}/mymaster`, commandTimeoutMs: 500, maxBackoffMs: 200 })
+  t.teardown(() => conn.close())
+  await conn.client.set('k', 'before')
+  t.equal((await conn.client.info('server')).match(/tcp_port:(\d+)/)?.[1], String(master.port), 'the commands go to the master')
+  // The replica has the key once it synced; then the master dies and Sentinel promotes it.
+  const direct = new Redis(replica.port, '127.0.0.1')
+  t.teardown(() => direct.disconnect())
+  t.ok(await waitFor(async () => (await direct.get('k')) === 'before', 10_000), 'the replica synced')
+  await master.stop()
+  const promoted = await waitFor(async () => {
+    try {
+      await conn.client.set('k', 'after')
+      return (await conn.client.info('server')).match(/tcp_port:(\d+)/)?.[1] === String(replica.port)
+    } catch {
+      return false
+    }
+  }, 30_000)
+  t.ok(promoted, 'after the failover the same client writes to the promoted replica')
+  t.equal(await direct.get('k'), 'after')
+  t.equal(conn.state.state, 'ok', 'and the store is ok again')
 })

@@ -18,7 +18,12 @@ export interface StoreConnectionMetrics {
 }
 
 export interface StoreConnectionOptions {
-  /** redis://[[user]:password@]host:port[/db] or rediss://…, as in `store.url`. */
+  /**
+   * As in `store.url`: redis://[[user]:password@]host:port[/db] or rediss://…, or through
+   * Sentinel redis+sentinel://[[user]:password@]host:port[,host:port…]/master[/db] (the
+   * sentinels' addresses and the master's name; rediss+sentinel:// for TLS, and
+   * `?sentinelPassword=` when the sentinels want one). See `redisOptions`.
+   */
   url: string
   /** `store.commandTimeoutMs`: a command without a reply by then fails, and the socket is dropped. Default 1000. */
   commandTimeoutMs?: number
@@ -75,7 +80,7 @@ export class StoreConnection {
   constructor(opts: StoreConnectionOptions) {
     const commandTimeoutMs = opts.commandTimeoutMs ?? 1000
     if (!(Number.isInteger(commandTimeoutMs) && commandTimeoutMs > 0)) throw new RangeError(`commandTimeoutMs must be a positive integer, got ${commandTimeoutMs}`)
-    if (!/^rediss?:\/\//.test(opts.url)) throw new RangeError(`store url must start with redis:// or rediss://, got '${redactUrl(opts.url)}'`)
+    const target = redisOptions(opts.url)
     this.#opts = opts
     this.#clock = opts.clock ?? systemClock
     this.url = redactUrl(opts.url)
@@ -99,7 +104,7 @@ export class StoreConnection {
         return Math.round(cap / 2 + (random() * cap) / 2)
       },
     }
-    this.client = failFastOnceReady(new Redis(opts.url, options))
+    this.client = failFastOnceReady(typeof target === 'string' ? new Redis(target, options) : new Redis({ ...target, ...options }))
     // Code handed only the client (the event store's and the shared topology's live readers)
     // duplicates it for XREAD BLOCK: a plain copy would carry the command timeout and cut every
     // block short. Its copies are this class's reader-safe ones, closed with it.
@@ -226,8 +231,44 @@ export class StoreConnection {
   }
 }
 
+/**
+ * What ioredis is given for a `store.url`: a redis:// or rediss:// URL as it is; a
+ * redis+sentinel:// one as Sentinel options (issue 21 item 7). Through Sentinel the client asks
+ * the sentinels for the master's address on every (re)connection, and the failover detector
+ * reconnects as soon as they announce a new master instead of when the old one stops answering.
+ */
+export function redisOptions(url: string): string | RedisOptions {
+  if (/^rediss?:\/\//.test(url)) return url
+  const m = /^(rediss?)\+sentinel:\/\/(?:([^@/]*)@)?([^/?#]+)\/([^/?#]+)(?:\/(\d+))?\/?(?:\?([^#]*))?$/.exec(url)
+  if (!m) throw new RangeError(`store url must be redis://, rediss://, redis+sentinel://host:port[,host:port…]/master[/db] or rediss+sentinel://…, got '${redactUrl(url)}'`)
+  const [, scheme, auth, hosts, name, db, query] = m as unknown as [string, string, string | undefined, string, string, string | undefined, string | undefined]
+  const sentinels = hosts.split(',').map((h) => {
+    const hp = /^(\[[^\]]+\]|[^:]+)(?::(\d+))?$/.exec(h)
+    if (!hp) throw new RangeError(`store url: not a sentinel address: '${h}'`)
+    return { host: (hp[1] as string).replace(/^\[|\]$/g, ''), port: hp[2] ? Number(hp[2]) : 26379 }
+  })
+  const [user, password] = auth === undefined ? [] : auth.includes(':') ? [auth.slice(0, auth.indexOf(':')), auth.slice(auth.indexOf(':') + 1)] : [auth]
+  const params = new URLSearchParams(query ?? '')
+  const sentinelPassword = params.get('sentinelPassword')
+  const tls = scheme === 'rediss'
+  return {
+    sentinels,
+    name: decodeURIComponent(name),
+    ...(user ? { username: decodeURIComponent(user) } : {}),
+    ...(password ? { password: decodeURIComponent(password) } : {}),
+    ...(db ? { db: Number(db) } : {}),
+    ...(sentinelPassword ? { sentinelPassword } : {}),
+    ...(tls ? { tls: {}, sentinelTLS: {}, enableTLSForSentinelMode: true } : {}),
+    failoverDetector: true,
+  }
+}
+
 /** `url` with its password replaced by `***` (for logs and errors); an unparsable one is not echoed. */
 export function redactUrl(url: string): string {
+  if (/^rediss?\+sentinel:\/\//.test(url)) {
+    // Several hosts: not a WHATWG URL. The password in the userinfo and the sentinels' go.
+    return url.replace(/^([^:]+:\/\/[^:@/]*):[^@/]*@/, '$1:***@').replace(/([?&]sentinelPassword=)[^&#]*/, '$1***')
+  }
   try {
     const u = new URL(url)
     if (u.password) u.password = '***'
@@ -238,11 +279,14 @@ export function redactUrl(url: string): string {
 }
 
 function redactText(text: string, url: string): string {
-  let password = ''
+  const secrets: string[] = []
   try {
-    password = decodeURIComponent(new URL(url).password)
+    const options = redisOptions(url)
+    if (typeof options === 'string') secrets.push(decodeURIComponent(new URL(url).password))
+    else secrets.push(options.password ?? '', options.sentinelPassword ?? '')
   } catch {}
-  return password ? text.split(password).join('***') : text
+  for (const secret of secrets) if (secret) text = text.split(secret).join('***')
+  return text
 }
 
 function failFastOnceReady(redis: Redis): Redis {
@@ -262,6 +306,9 @@ async function quit(redis: Redis, ms: number): Promise<void> {
   })
   await redis.quit().catch(() => redis.disconnect())
   await ended
+  // A QUIT closes the socket but not what the connector holds besides (through Sentinel, the
+  // failover detector's subscriptions to the sentinels): disconnect() releases those.
+  redis.disconnect()
 }
 
 // Redis's own answers that pass: a server loading its data, a replica not yet promoted or

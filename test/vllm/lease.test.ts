@@ -94,6 +94,16 @@ t.test('the KV lease with real vLLM P/D behind the router', { skip }, async (t) 
     return r
   }
 
+  /** A request whose decode leg D refuses (nothing listens at its address): P prefilled it, and nobody will read it. */
+  const refusedByD = async (tag: string): Promise<Answer> => {
+    await dProxy.down()
+    try {
+      return await call(url, '/v1/completions', { model: MODEL, prompt: prompt(tag), max_tokens: 4, temperature: 0 })
+    } finally {
+      await dProxy.up()
+    }
+  }
+
   await t.test('warm-up: D handshakes with P; an answer past the lease is withheld, the next served', async (t) => {
     const started = Date.now()
     const r = await served(t, 'warm')
@@ -131,13 +141,7 @@ t.test('the KV lease with real vLLM P/D behind the router', { skip }, async (t) 
     ]
     const ackedBefore = (await p0())?.agents[0]?.acked ?? 0
     await pFollow.down()
-    await dProxy.down()
-    let answer: Answer
-    try {
-      answer = await call(url, '/v1/completions', { model: MODEL, prompt: prompt('pending'), max_tokens: 4, temperature: 0 })
-    } finally {
-      await dProxy.up()
-    }
+    const answer = await refusedByD('pending')
     const answered = Date.now()
     t.not(answer.status, 200, `D refused: the router released the lease (${answer.status} ${String(errorCode(answer))})`)
     t.ok((await P.metric('vllm:kv_cache_usage_perc')) > 0, 'P still holds the KV: the lease_release waits in the log')
@@ -252,13 +256,7 @@ t.test('the KV lease with real vLLM P/D behind the router', { skip }, async (t) 
     const releasedByRouter = await decodeFailed()
     const loggedBefore = await routerMetric('handoff_router_events_total', 'type="lease_release"')
     const pLogBefore = P.tail(Number.POSITIVE_INFINITY).length
-    await dProxy.down()
-    let answer: Answer
-    try {
-      answer = await call(url, '/v1/completions', { model: MODEL, prompt: prompt('refused'), max_tokens: 4, temperature: 0 })
-    } finally {
-      await dProxy.up()
-    }
+    const answer = await refusedByD('refused')
     const routed = await P.msUntilNoKv(5000)
     t.not(answer.status, 200, `D refused: the client gets a coded error (${answer.status} ${String(errorCode(answer))})`)
     t.equal((await decodeFailed()) - releasedByRouter, 1, 'the router released the lease (decode_failed)')

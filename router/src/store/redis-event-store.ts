@@ -527,8 +527,11 @@ export class RedisEventStore implements EventStore {
         // under this reader leaves it waiting past an end that no longer exists): still the
         // log this router knows?
         if (failed) await this.#renew('Redis answers again after an outage')
+        const log = this.#id
         res = (await this.#reader.xread('COUNT', 500, 'BLOCK', READER_BLOCK_MS, 'STREAMS', this.#keys.stream, `${this.#cursor}-0`)) as [string, Entry[]][] | null
         failed = false
+        // An append took up another log meanwhile: this read was after the old log's cursor.
+        if (log !== this.#id) continue
         if (!res) await this.#renew('a read round found nothing new')
       } catch (err) {
         if (this.#closed) return

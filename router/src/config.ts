@@ -14,6 +14,8 @@ import { RTR_ERR_CONFIG } from './errors.js'
 export interface ConfigSources {
   file?: string
   env?: NodeJS.ProcessEnv
+  /** What was ignored, and why (the router logs it once its logger exists). */
+  onWarning?: (message: string) => void
   overrides?: Partial<Pick<RouterConfig, 'host' | 'port' | 'adminPort' | 'agentPort' | 'logLevel'>> & { store?: string; leaseSeconds?: number }
 }
 
@@ -38,10 +40,14 @@ function isLoopback(host: string): boolean {
   return host === 'localhost' || host === '::1' || /^127\.\d{1,3}\.\d{1,3}\.\d{1,3}$/.test(host)
 }
 
-function fromEnv(env: NodeJS.ProcessEnv): Record<string, unknown> {
+function fromEnv(env: NodeJS.ProcessEnv, warn: (message: string) => void): Record<string, unknown> {
   const out: Record<string, unknown> = {}
   if (env.HANDOFF_HOST) out.host = env.HANDOFF_HOST
-  if (env.HANDOFF_PORT) {
+  // A Kubernetes service link: a Service named `handoff` (the chart's release name) makes the
+  // kubelet inject HANDOFF_PORT=tcp://<ClusterIP>:<port> into every pod of its namespace.
+  if (env.HANDOFF_PORT && /^(tcp|udp|sctp):\/\//.test(env.HANDOFF_PORT)) {
+    warn(`HANDOFF_PORT=${env.HANDOFF_PORT} ignored: it is a Kubernetes service link (a Service named "handoff"), not a port; set enableServiceLinks: false on the pod`)
+  } else if (env.HANDOFF_PORT) {
     const port = Number(env.HANDOFF_PORT)
     out.port = Number.isInteger(port) ? port : env.HANDOFF_PORT
   }
@@ -81,7 +87,7 @@ function deepFreeze<T>(value: T): T {
 export function loadConfig(sources: ConfigSources = {}): RouterConfig {
   const { store, leaseSeconds, ...overrides } = sources.overrides ?? {}
   const file = sources.file ? readFile(sources.file) : {}
-  const { leaseSeconds: envLease, ...env } = fromEnv(sources.env ?? {})
+  const { leaseSeconds: envLease, ...env } = fromEnv(sources.env ?? {}, sources.onWarning ?? (() => {}))
   const raw: Record<string, unknown> = {
     ...file,
     ...env,

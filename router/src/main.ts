@@ -40,9 +40,11 @@ export async function main(argv: string[]): Promise<void> {
     process.stdout.write(HELP)
     return
   }
+  const warnings: string[] = []
   const config = loadConfig({
     ...(values.config ? { file: values.config } : {}),
     env: process.env,
+    onWarning: (message) => warnings.push(message),
     overrides: {
       ...(values.host ? { host: values.host } : {}),
       ...(values.port !== undefined ? { port: Number(values.port) } : {}),
@@ -56,6 +58,7 @@ export async function main(argv: string[]): Promise<void> {
   // Loaded after --help and the config check: `--help` and a bad config answer at once.
   const { buildApp } = await import('./app.js')
   const app = await buildApp({ config })
+  for (const message of warnings) app.log.warn(message)
   // In-flight streams get shutdownGraceMs to finish; then the process exits regardless.
   closeWithGrace({ delay: config.shutdownGraceMs }, async ({ signal, err }) => {
     if (err) app.log.error({ err }, 'closing after an error')

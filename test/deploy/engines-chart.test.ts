@@ -124,7 +124,6 @@ t.test('engine pods in the Helm chart and the examples, against a real API serve
         'NetworkPolicy/r-handoff',
         'NetworkPolicy/r-handoff-decode-ingress',
         'NetworkPolicy/r-handoff-prefill-ingress',
-        'PodDisruptionBudget/r-handoff',
         'Role/r-handoff-discovery',
         'RoleBinding/r-handoff-discovery',
         'Secret/r-handoff',

@@ -3,6 +3,8 @@ import { tmpdir } from 'node:os'
 import { dirname, join, resolve } from 'node:path'
 import { fileURLToPath } from 'node:url'
 import t from 'tap'
+import { freePort } from '../../common/ports.js'
+import { spawnService } from '../../common/spawn.js'
 import { loadConfig } from '../../router/src/config.js'
 import { needKube, startKube } from '../helpers/kube.js'
 
@@ -17,6 +19,10 @@ interface K8sObject {
   kind: string
   metadata: { name: string; namespace?: string }
   data?: Record<string, string>
+}
+
+interface PodOwner extends K8sObject {
+  spec?: { template?: { spec?: { enableServiceLinks?: boolean } }; ports?: { name?: string; port: number }[] }
 }
 
 t.test('the Helm chart against a real API server', { skip: needKube(t, { helm: true }) }, async (t) => {
@@ -40,7 +46,8 @@ t.test('the Helm chart against a real API server', { skip: needKube(t, { helm: t
     t.same(
       items.map((i) => i.kind).sort(),
       // The second ConfigMap: the engines' preStop drain script (engines.drain.configMap).
-      ['ConfigMap', 'ConfigMap', 'Deployment', 'NetworkPolicy', 'PodDisruptionBudget', 'Role', 'RoleBinding', 'Secret', 'Service', 'Service', 'ServiceAccount'],
+      // No PodDisruptionBudget for the one replica of the defaults: minAvailable 1 would block every node drain.
+      ['ConfigMap', 'ConfigMap', 'Deployment', 'NetworkPolicy', 'Role', 'RoleBinding', 'Secret', 'Service', 'Service', 'ServiceAccount'],
       'every object accepted by the API server',
     )
     const routerJson = items.find((i) => i.kind === 'ConfigMap' && i.metadata.name === 'r-handoff')?.data?.['router.json']
@@ -52,6 +59,68 @@ t.test('the Helm chart against a real API server', { skip: needKube(t, { helm: t
     const config = loadConfig({ file: cfgFile, env: { HANDOFF_AGENT_TOKEN: 'agent-token-for-tests' } })
     t.match(config, { host: '0.0.0.0', port: 8000, discovery: { kind: 'kubernetes', namespace: ns, prefill: { port: 8000 }, decode: { port: 8000 } } })
     t.equal(config.discovery?.both, undefined)
+  })
+
+  // Issue 22 defect 1: for the documented release name `handoff` the client Service is
+  // `handoff`, and a kubelet injects HANDOFF_PORT=tcp://<ClusterIP>:8000 into every pod of the
+  // namespace (service links). The router read it as its port and crash-looped.
+  t.test('release `handoff`: the router starts with the service links a kubelet injects for every Service of the chart', async (t) => {
+    const ns = 'chart-links'
+    await kube.createNamespace(ns)
+    const file = join(dir, 'links.yaml')
+    writeFileSync(file, (await kube.helm(['template', 'handoff', chart, '--namespace', ns, ...ADMIN])).stdout)
+    const { stdout } = await kube.kubectl(['apply', '--dry-run=server', '-n', ns, '-f', file, '-o', 'json'])
+    const items = (JSON.parse(stdout) as { items?: PodOwner[] } & PodOwner).items ?? []
+    for (const i of items.filter((x) => x.spec?.template)) t.equal(i.spec?.template?.spec?.enableServiceLinks, false, `${i.kind} ${i.metadata.name}: no service links in its pods`)
+    // What a kubelet would inject anyway (a pod that did not opt out, an older chart's pods).
+    const env: NodeJS.ProcessEnv = { HANDOFF_AGENT_TOKEN: 'agent-token-for-tests' }
+    items
+      .filter((i) => i.kind === 'Service')
+      .forEach((svc, n) => {
+        const name = svc.metadata.name.toUpperCase().replace(/-/g, '_')
+        const ip = `10.96.0.${10 + n}`
+        const ports = svc.spec?.ports ?? []
+        const first = ports[0]
+        if (!first) return
+        Object.assign(env, { [`${name}_SERVICE_HOST`]: ip, [`${name}_SERVICE_PORT`]: String(first.port), [`${name}_PORT`]: `tcp://${ip}:${first.port}` })
+        for (const p of ports) {
+          const key = `${name}_PORT_${p.port}_TCP`
+          Object.assign(env, { [key]: `tcp://${ip}:${p.port}`, [`${key}_PROTO`]: 'tcp', [`${key}_PORT`]: String(p.port), [`${key}_ADDR`]: ip })
+          if (p.name) env[`${name}_SERVICE_PORT_${p.name.toUpperCase().replace(/-/g, '_')}`] = String(p.port)
+        }
+      })
+    t.match(env.HANDOFF_PORT, /^tcp:\/\/10\.96\.0\.\d+:8000$/, 'the client Service `handoff` makes HANDOFF_PORT')
+    // The chart's router.json, on free loopback ports and without discovery (no API server for it here).
+    const cm = items.find((i) => i.kind === 'ConfigMap' && i.metadata.name === 'handoff')?.data?.['router.json'] ?? '{}'
+    const { discovery: _discovery, ...config } = JSON.parse(cm) as Record<string, unknown>
+    const cfgFile = join(dir, 'links-router.json')
+    writeFileSync(cfgFile, JSON.stringify({ ...config, host: '127.0.0.1', port: await freePort(), adminPort: await freePort(), agentPort: await freePort() }))
+    const router = await spawnService({ args: ['router', '--config', cfgFile], env: { PATH: process.env.PATH, ...env } })
+    t.teardown(() => router.stop())
+    t.ok(router.url, `the router started (${router.url})`)
+    t.match(router.output(), /HANDOFF_PORT.*service link/, 'and said it ignored HANDOFF_PORT')
+  })
+
+  // Issue 22 defect 5: a budget of minAvailable 1 over one replica blocks every node drain.
+  t.test('a PodDisruptionBudget only for two routers or more', async (t) => {
+    const kinds = async (args: string[]): Promise<string> => (await kube.helm(['template', 'r', chart, ...ADMIN, ...args])).stdout
+    t.notMatch(await kinds([]), /kind: PodDisruptionBudget/, 'one router: none')
+    t.match(await kinds(['--set', 'router.replicas=2', '--set', 'store.redisUrl=redis://redis:6379']), /kind: PodDisruptionBudget/, 'two routers: minAvailable 1')
+  })
+
+  // Issue 22 defect 2: only the ConfigMap was checksummed; a rotated token left the routers on
+  // the old one while the engines' mounted drain token changed, and every preStop got 401.
+  t.test('a rotated Secret rolls the routers', async (t) => {
+    const podAnnotations = async (args: string[]): Promise<Record<string, string>> => {
+      const { stdout } = await kube.helm(['template', 'r', chart, '--show-only', 'templates/deployment.yaml', ...ADMIN, ...args])
+      return Object.fromEntries([...stdout.matchAll(/^\s+(checksum\/\w+): (\S+)$/gm)].map((m) => [m[1] as string, m[2] as string]))
+    }
+    const before = await podAnnotations([])
+    t.match(before, { 'checksum/config': /^[0-9a-f]{64}$/, 'checksum/secret': /^[0-9a-f]{64}$/ }, 'the router pods carry both checksums')
+    const rotated = await podAnnotations(['--set', 'secrets.drainToken=drain-token-rotated'])
+    t.equal(rotated['checksum/config'], before['checksum/config'], 'the config is the same')
+    t.not(rotated['checksum/secret'], before['checksum/secret'], 'a new drain token changes the pod template')
+    t.not((await podAnnotations(['--set', 'secrets.adminToken=admin-token-rotated']))['checksum/secret'], before['checksum/secret'], 'so does a new admin token')
   })
 
   t.test('its RBAC lets the router get, list and watch pods, and nothing else', async (t) => {
@@ -82,7 +151,7 @@ t.test('the Helm chart against a real API server', { skip: needKube(t, { helm: t
     t.match(await fails(['--set', 'secrets.adminToken=admin-token-for-tests', '--set', 'secrets.drainToken=drain-token-for-tests']), /secrets\.agentToken is required/)
     t.match(await fails(['--set', 'secrets.adminToken=admin-token-for-tests', '--set', 'secrets.agentToken=agent-token-for-tests', '--set', 'secrets.drainToken=admin-token-for-tests']), /secrets\.drainToken must differ/)
     t.match(await fails([...ADMIN, '--set', 'router.replicas=2']), /router\.replicas > 1 needs store\.redisUrl/)
-    t.match(await fails([...ADMIN, '--set', 'router.terminationGracePeriodSeconds=10']), /shutdownGraceMs must stay below/)
+    t.match(await fails([...ADMIN, '--set', 'router.terminationGracePeriodSeconds=10']), /shutdownGraceMs plus router.preStopSleepSeconds must stay below/)
     t.equal(await fails([...ADMIN, '--set', 'router.replicas=2', '--set', 'store.redisUrl=redis://redis:6379']), '', 'two replicas on Redis render')
   })
 })

@@ -262,3 +262,27 @@ t.test('a router that forgets the instance between two polls (404 after it answe
   t.match(run.stderr, new RegExp(`k8s:llm:prefill-0 gone from ${url} after [\\d.]+ s \\(404: drained and removed between two polls, or removed\\): nothing routes to it`))
   t.notMatch(run.stderr, /is not known to/)
 })
+
+// Issue 22 defect 3: the script gave up after 5 rounds without an answer (about 7 s) although
+// its deadline was far: a Redis failover (503 from every router) or a router rollout during a
+// scale-down ended undrained. By default it now retries until its deadline.
+t.test('routers that answer 503 for 8 s (a Redis failover): the script waits them out, then drains', async (t) => {
+  const started = Date.now()
+  let calls = 0
+  const server = createServer((req, res) => {
+    calls++
+    req.resume()
+    if (Date.now() - started < 8000) {
+      res.writeHead(503, { 'content-type': 'application/json', 'retry-after': '1' }).end(JSON.stringify({ error: { message: 'the shared store is unavailable', type: 'service_unavailable', param: null, code: 'RTR_ERR_STORE_UNAVAILABLE' } }))
+    } else res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify({ id: P0, drained: true, removed: false, inflight: 0, unreadLeases: 0 }))
+  })
+  server.listen(0, '127.0.0.1')
+  await once(server, 'listening')
+  t.teardown(() => server.close())
+  const url = `http://127.0.0.1:${(server.address() as AddressInfo).port}`
+  const run = await runPrestopHook(['--router-url', url, '--deadline-seconds', '30', '--progress-seconds', '0.5'], { POD_NAMESPACE: NS, POD_NAME: 'prefill-0', HANDOFF_ADMIN_TOKEN: ADMIN }).done
+  t.equal(run.code, 0, run.stderr)
+  t.ok(calls > 5, `it kept asking (${calls} calls)`)
+  t.match(run.stderr, /HTTP 503/)
+  t.match(run.stderr, /k8s:llm:prefill-0 drained after/)
+})

@@ -34,6 +34,10 @@ t.test('precedence: flags over env over file', async (t) => {
   t.equal(loadConfig({ file: f }).port, 9001)
   t.equal(loadConfig({ file: f, env: { HANDOFF_PORT: '9002' } }).port, 9002)
   t.equal(loadConfig({ file: f, env: { HANDOFF_PORT: '9002' }, overrides: { port: 9003 } }).port, 9003)
+  // Issue 22 defect 1: a Kubernetes service link for a Service named `handoff` is not a port.
+  const warnings: string[] = []
+  t.equal(loadConfig({ file: f, env: { HANDOFF_PORT: 'tcp://10.96.0.12:8000' }, onWarning: (m) => warnings.push(m) }).port, 9001, "a service link is ignored: the file's port")
+  t.match(warnings, [/HANDOFF_PORT=tcp:\/\/10\.96\.0\.12:8000 ignored: it is a Kubernetes service link/])
   const env = loadConfig({
     env: {
       HANDOFF_API_KEYS: 'key-one-123, key-two-456',

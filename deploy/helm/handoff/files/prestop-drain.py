@@ -20,7 +20,9 @@ Inputs (a flag wins over its environment variable):
                                       terminationGracePeriodSeconds minus a margin, which the
                                       engine needs to stop after SIGTERM
   --progress-seconds                  one progress line (what is still left) this often
-  --retries                           rounds over every URL with no answer before giving up
+  --retries                           rounds over every URL with no answer before giving up;
+                                      0 (the default): until the deadline, so a Redis failover
+                                      (503 from every router) or a router rollout is waited out
   --log-file / HANDOFF_DRAIN_LOG_FILE  also append the lines there (best effort), e.g.
                                       /proc/1/fd/2 so they show in `kubectl logs`
 
@@ -77,7 +79,7 @@ def parse_args(argv):
     p.add_argument("--instance-id", default=env.get("HANDOFF_INSTANCE_ID", ""))
     p.add_argument("--deadline-seconds", type=float, default=float(env.get("HANDOFF_DRAIN_DEADLINE_SECONDS", "30")))
     p.add_argument("--progress-seconds", type=float, default=5.0)
-    p.add_argument("--retries", type=int, default=5)
+    p.add_argument("--retries", type=int, default=0)
     p.add_argument("--log-file", default=env.get("HANDOFF_DRAIN_LOG_FILE", ""))
     a = p.parse_args(argv)
     a.urls = [u.strip().rstrip("/") for u in a.router_url.split(",") if u.strip()]
@@ -101,8 +103,8 @@ def parse_args(argv):
         a.token = env.get("HANDOFF_ADMIN_TOKEN", "").strip()
     if not a.token:
         p.error("no admin token: --token-file, HANDOFF_ADMIN_TOKEN_FILE or HANDOFF_ADMIN_TOKEN")
-    if a.deadline_seconds <= 0 or a.progress_seconds <= 0 or a.retries < 1:
-        p.error("--deadline-seconds and --progress-seconds must be > 0, --retries >= 1")
+    if a.deadline_seconds <= 0 or a.progress_seconds <= 0 or a.retries < 0:
+        p.error("--deadline-seconds and --progress-seconds must be > 0, --retries >= 0")
     return a
 
 
@@ -167,7 +169,7 @@ def main(argv):
             i += 1
             if i % len(args.urls) == 0:
                 failed_rounds += 1
-                if failed_rounds >= args.retries:
+                if args.retries and failed_rounds >= args.retries:
                     log("FAILED: no router reachable after %d rounds over %s" % (failed_rounds, ", ".join(args.urls)))
                     return EXIT_UNREACHABLE
                 time.sleep(max(0, min(0.5 * 2 ** (failed_rounds - 1), 3, deadline - time.monotonic())))

@@ -241,23 +241,31 @@ t.test('the preStop drain script against a real router', { skip: needNixl(t, pro
   })
 })
 
-t.test('a router that forgets the instance between two polls (404 after it answered): exit 0, not "never known"', async (t) => {
-  // The race the real router gives at random (the drain ends while no call waits, and the
-  // instance is removed): a stub answering the router's own shapes makes it certain.
+/** A stub router at a loopback URL: `answer` gives each drain call's status and body, in order (1, 2, …). */
+async function stubRouter(t: { teardown(fn: () => void): void }, answer: (call: number) => [number, unknown]): Promise<{ url: string; calls(): number }> {
   let calls = 0
   const server = createServer((req, res) => {
-    calls++
     req.resume()
-    if (calls === 1) res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify({ id: P0, drained: false, removed: false, inflight: 0, unreadLeases: 1 }))
-    else res.writeHead(404, { 'content-type': 'application/json' }).end(JSON.stringify({ error: { message: `instance ${P0} is not in the topology`, type: 'not_found_error', param: null, code: 'RTR_ERR_INSTANCE_NOT_FOUND' } }))
+    const [status, body] = answer(++calls)
+    res.writeHead(status, { 'content-type': 'application/json' }).end(JSON.stringify(body))
   })
   server.listen(0, '127.0.0.1')
   await once(server, 'listening')
   t.teardown(() => server.close())
-  const url = `http://127.0.0.1:${(server.address() as AddressInfo).port}`
+  return { url: `http://127.0.0.1:${(server.address() as AddressInfo).port}`, calls: () => calls }
+}
+
+t.test('a router that forgets the instance between two polls (404 after it answered): exit 0, not "never known"', async (t) => {
+  // The race the real router gives at random (the drain ends while no call waits, and the
+  // instance is removed): a stub answering the router's own shapes makes it certain.
+  const { url, calls } = await stubRouter(t, (call) =>
+    call === 1
+      ? [200, { id: P0, drained: false, removed: false, inflight: 0, unreadLeases: 1 }]
+      : [404, { error: { message: `instance ${P0} is not in the topology`, type: 'not_found_error', param: null, code: 'RTR_ERR_INSTANCE_NOT_FOUND' } }],
+  )
   const run = await runPrestopHook(['--router-url', url, '--deadline-seconds', '10', '--progress-seconds', '0.2'], { POD_NAMESPACE: NS, POD_NAME: 'prefill-0', HANDOFF_ADMIN_TOKEN: ADMIN }).done
   t.equal(run.code, 0, run.stderr)
-  t.equal(calls, 2)
+  t.equal(calls(), 2)
   t.match(run.stderr, /waiting for k8s:llm:prefill-0: 0 in flight, 1 unread lease/)
   t.match(run.stderr, new RegExp(`k8s:llm:prefill-0 gone from ${url} after [\\d.]+ s \\(404: drained and removed between two polls, or removed\\): nothing routes to it`))
   t.notMatch(run.stderr, /is not known to/)
@@ -268,21 +276,14 @@ t.test('a router that forgets the instance between two polls (404 after it answe
 // scale-down ended undrained. By default it now retries until its deadline.
 t.test('routers that answer 503 for 8 s (a Redis failover): the script waits them out, then drains', async (t) => {
   const started = Date.now()
-  let calls = 0
-  const server = createServer((req, res) => {
-    calls++
-    req.resume()
-    if (Date.now() - started < 8000) {
-      res.writeHead(503, { 'content-type': 'application/json', 'retry-after': '1' }).end(JSON.stringify({ error: { message: 'the shared store is unavailable', type: 'service_unavailable', param: null, code: 'RTR_ERR_STORE_UNAVAILABLE' } }))
-    } else res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify({ id: P0, drained: true, removed: false, inflight: 0, unreadLeases: 0 }))
-  })
-  server.listen(0, '127.0.0.1')
-  await once(server, 'listening')
-  t.teardown(() => server.close())
-  const url = `http://127.0.0.1:${(server.address() as AddressInfo).port}`
+  const { url, calls } = await stubRouter(t, () =>
+    Date.now() - started < 8000
+      ? [503, { error: { message: 'the shared store is unavailable', type: 'service_unavailable', param: null, code: 'RTR_ERR_STORE_UNAVAILABLE' } }]
+      : [200, { id: P0, drained: true, removed: false, inflight: 0, unreadLeases: 0 }],
+  )
   const run = await runPrestopHook(['--router-url', url, '--deadline-seconds', '30', '--progress-seconds', '0.5'], { POD_NAMESPACE: NS, POD_NAME: 'prefill-0', HANDOFF_ADMIN_TOKEN: ADMIN }).done
   t.equal(run.code, 0, run.stderr)
-  t.ok(calls > 5, `it kept asking (${calls} calls)`)
+  t.ok(calls() > 5, `it kept asking (${calls()} calls)`)
   t.match(run.stderr, /HTTP 503/)
   t.match(run.stderr, /k8s:llm:prefill-0 drained after/)
 })

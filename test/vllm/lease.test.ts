@@ -126,6 +126,15 @@ t.test('the KV lease with real vLLM P/D behind the router', { skip }, async (t) 
     for (const [name, e] of [['D', D], ['P2', P2]] as const) t.match(e.tail(400), /follows the router's events/, `${name}’s connector follows the router too`)
   })
 
+  /** A router counter summed over its label sets. */
+  const routerMetric = async (name: string, labels = ''): Promise<number> => {
+    const text = await (await request(`${url}/metrics`)).body.text()
+    let sum = 0
+    for (const m of text.matchAll(new RegExp(`^${name}(\\{[^}]*\\})? ([0-9.e+-]+)$`, 'gm'))) if ((m[1] ?? '').includes(labels)) sum += Number(m[2])
+    return sum
+  }
+  /** Leases the router released because D failed (GET /leases). */
+  const decodeFailed = async (): Promise<number> => (await get(`${url}/leases`, admin)).json<{ released: Record<string, number> }>().released.decode_failed ?? 0
   // Issue 20: the router crashes while an event waits for an engine. P's connector is cut off
   // from the router (its proxy down) when the router logs a lease_release for P; the router
   // is then SIGKILLed and started again on the same Redis. Once P reaches the new router, its
@@ -142,12 +151,18 @@ t.test('the KV lease with real vLLM P/D behind the router', { skip }, async (t) 
       logged(P, /Releasing expired KV blocks/g),
     ]
     const ackedBefore = (await p0())?.agents[0]?.acked ?? 0
+    const loggedBefore = await routerMetric('handoff_router_events_total', 'type="lease_release"')
     const pLogBefore = P.tail(Number.POSITIVE_INFINITY).length
     await pFollow.down()
     const answer = await refusedByD('pending')
     const answered = Date.now()
     t.not(answer.status, 200, `D refused: the router released the lease (${answer.status} ${String(errorCode(answer))})`)
     t.ok((await P.metric('vllm:kv_cache_usage_perc')) > 0, 'P still holds the KV: the lease_release waits in the log')
+    // The crash comes once the event is in the log (the router logs its own decisions after
+    // answering; one it had not logged yet dies with it, which is not this case).
+    const inLog = await waitFor(async () => (await routerMetric('handoff_router_events_total', 'type="lease_release"')) > loggedBefore, 10_000)
+    t.ok(inLog, 'the router logged the lease_release')
+    if (!inLog) t.comment(`the router's last lines:\n${router.service.output().split('\n').slice(-60).join('\n')}`)
     await router.restart()
     const restarted = Date.now() - answered
     await pFollow.up()
@@ -175,15 +190,6 @@ t.test('the KV lease with real vLLM P/D behind the router', { skip }, async (t) 
     t.match(delivery, { type: 'lease_release', complete: true }, 'the lease_release the old router logged, read from the shared log')
   })
 
-  /** A router counter summed over its label sets. */
-  const routerMetric = async (name: string, labels = ''): Promise<number> => {
-    const text = await (await request(`${url}/metrics`)).body.text()
-    let sum = 0
-    for (const m of text.matchAll(new RegExp(`^${name}(\\{[^}]*\\})? ([0-9.e+-]+)$`, 'gm'))) if ((m[1] ?? '').includes(labels)) sum += Number(m[2])
-    return sum
-  }
-  /** Leases the router released because D failed (GET /leases). */
-  const decodeFailed = async (): Promise<number> => (await get(`${url}/leases`, admin)).json<{ released: Record<string, number> }>().released.decode_failed ?? 0
   /** Waits until P has finished `n` more requests than `before` (its prefill legs). */
   const prefilled = async (before: number, n: number): Promise<void> => {
     const deadline = Date.now() + 60_000

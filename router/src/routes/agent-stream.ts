@@ -53,6 +53,21 @@ export type StreamCut = 'stalled' | 'replaced'
 /** Events a stream holds to write: a page read from the log, or live ones (at most this many). */
 const PAGE = 256
 
+/**
+ * A stream's read of the log that has not settled by then ends the stream (the agent resumes
+ * after what it applied). Every store command has its own timeout; this is the backstop for a
+ * read that never settles at all, which would leave the stream open and silent for good.
+ */
+const READ_BOUND_MS = 10_000
+
+function bounded<T>(read: Promise<T>): Promise<T> {
+  let timer: NodeJS.Timeout | undefined
+  const late = new Promise<never>((_, reject) => {
+    timer = setTimeout(() => reject(new Error(`the log did not answer within ${READ_BOUND_MS} ms`)), READ_BOUND_MS)
+  })
+  return Promise.race([read, late]).finally(() => clearTimeout(timer))
+}
+
 const digits = { type: 'string', pattern: '^[0-9]{1,15}$' } as const
 
 const registered = {
@@ -176,7 +191,7 @@ export const agentStreamRoutes: FastifyPluginAsync<AgentStreamOptions> = async (
             }
             if (!gap) break
             overflowed = false
-            const page = await events.store.since(sent, PAGE)
+            const page = await bounded(events.store.since(sent, PAGE))
             // Live events that came meanwhile follow the page (repeats are skipped by seq).
             queued = [...page, ...queued]
             gap = page.length >= PAGE || overflowed

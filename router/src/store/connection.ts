@@ -234,8 +234,11 @@ export class StoreConnection {
 /**
  * What ioredis is given for a `store.url`: a redis:// or rediss:// URL as it is; a
  * redis+sentinel:// one as Sentinel options (issue 21 item 7). Through Sentinel the client asks
- * the sentinels for the master's address on every (re)connection, and the failover detector
- * reconnects as soon as they announce a new master instead of when the old one stops answering.
+ * the sentinels for the master's address on every (re)connection. Without ioredis's failover
+ * detector: with it (ioredis 6.0.0), a client that was reconnecting when the sentinels
+ * announced the new master ended for good ("Connection is closed." from then on), and its
+ * router stayed cut off from Redis; without it, the client finds the promoted replica at its
+ * next reconnect, within a second or two of the promotion (test/chaos/sentinel.test.ts).
  */
 export function redisOptions(url: string): string | RedisOptions {
   if (/^rediss?:\/\//.test(url)) return url
@@ -259,7 +262,6 @@ export function redisOptions(url: string): string | RedisOptions {
     ...(db ? { db: Number(db) } : {}),
     ...(sentinelPassword ? { sentinelPassword } : {}),
     ...(tls ? { tls: {}, sentinelTLS: {}, enableTLSForSentinelMode: true } : {}),
-    failoverDetector: true,
   }
 }
 
@@ -306,8 +308,8 @@ async function quit(redis: Redis, ms: number): Promise<void> {
   })
   await redis.quit().catch(() => redis.disconnect())
   await ended
-  // A QUIT closes the socket but not what the connector holds besides (through Sentinel, the
-  // failover detector's subscriptions to the sentinels): disconnect() releases those.
+  // A QUIT closes the socket but not always what the connector holds besides (through
+  // Sentinel, its connections to the sentinels): disconnect() releases those.
   redis.disconnect()
 }
 

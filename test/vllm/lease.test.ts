@@ -126,6 +126,15 @@ t.test('the KV lease with real vLLM P/D behind the router', { skip }, async (t) 
     for (const [name, e] of [['D', D], ['P2', P2]] as const) t.match(e.tail(400), /follows the router's events/, `${name}’s connector follows the router too`)
   })
 
+  /** The router's last lines of output (it logs at info here). */
+  const routerLines = (): string => router.service.output().split('\n').slice(-60).join('\n')
+  /** When P did not act on a router event: what P's connector and the router said, to tell delivery from the connector. */
+  const explainP = async (t: { comment(...args: unknown[]): void }, pLogBefore: number): Promise<void> => {
+    t.comment(`P's handoff lines since the case began:\n${P.tail(Number.POSITIVE_INFINITY).slice(pLogBefore).split('\n').filter((l) => /handoff|Releasing/.test(l)).slice(-40).join('\n')}`)
+    t.comment(`P's agent at the router: ${JSON.stringify(await p0())}`)
+    t.comment(`the router's last lines:\n${routerLines()}`)
+  }
+
   /** A router counter summed over its label sets. */
   const routerMetric = async (name: string, labels = ''): Promise<number> => {
     const text = await (await request(`${url}/metrics`)).body.text()
@@ -162,7 +171,7 @@ t.test('the KV lease with real vLLM P/D behind the router', { skip }, async (t) 
     // answering; one it had not logged yet dies with it, which is not this case).
     const inLog = await waitFor(async () => (await routerMetric('handoff_router_events_total', 'type="lease_release"')) > loggedBefore, 10_000)
     t.ok(inLog, 'the router logged the lease_release')
-    if (!inLog) t.comment(`the router's last lines:\n${router.service.output().split('\n').slice(-60).join('\n')}`)
+    if (!inLog) t.comment(`the router's last lines:\n${routerLines()}`)
     await router.restart()
     const restarted = Date.now() - answered
     await pFollow.up()
@@ -170,10 +179,8 @@ t.test('the KV lease with real vLLM P/D behind the router', { skip }, async (t) 
     const applied = await waitFor(async () => (await P.metric('vllm:handoff_events_applied_total')) > appliedBefore, 15_000)
     t.ok(applied, 'P applied an event from the restarted router')
     if (!applied) {
-      // Seen once in a fresh-clone run (fr29), not since: what P's follower and the router said.
-      t.comment(`P's handoff lines since the case began:\n${P.tail(Number.POSITIVE_INFINITY).slice(pLogBefore).split('\n').filter((l) => /handoff|Releasing/.test(l)).slice(-40).join('\n')}`)
-      t.comment(`P's agent at the restarted router: ${JSON.stringify(await p0())}`)
-      t.comment(`the restarted router's last lines:\n${router.service.output().split('\n').slice(-60).join('\n')}`)
+      // Seen once in a fresh-clone run (fr29): what P's follower and the restarted router said.
+      await explainP(t, pLogBefore)
     }
     t.equal((await P.metric('vllm:handoff_events_applied_total')) - appliedBefore, 1, 'exactly one')
     t.ok(Number.isFinite(await P.msUntilNoKv(LEASE_S * 1000)), 'P holds no KV')
@@ -281,10 +288,8 @@ t.test('the KV lease with real vLLM P/D behind the router', { skip }, async (t) 
     t.equal(freed, 1, 'P’s connector freed it on the router’s word (vllm:handoff_leases_released_total)')
     t.match(P.tail(400), /handoff: lease_release \(seq \d+, decode_failed\): freed the KV of 1 request/, 'and logged it')
     if (freed !== 1) {
-      // Seen once in CI (stop 30), not since: what each side said, to tell delivery from the connector.
-      t.comment(`P's handoff lines since the case began:\n${P.tail(Number.POSITIVE_INFINITY).slice(pLogBefore).split('\n').filter((l) => /handoff|Releasing/.test(l)).slice(-40).join('\n')}`)
-      t.comment(`P's agent at the router: ${JSON.stringify(await p0())}`)
-      t.comment(`the router's last lines:\n${router.service.output().split('\n').slice(-40).join('\n')}`)
+      // Seen once in CI (stop 30), not since.
+      await explainP(t, pLogBefore)
     }
 
     // The same P, stock behaviour: a prefill nobody reads and nobody releases (sent to P

@@ -246,6 +246,8 @@ export class RedisEventStore implements EventStore {
   /** This router's events not yet seen delivered, by `<log id> <seq>`, oldest first. */
   readonly #mine = new Map<string, Logged>()
   #renewing: Promise<void> | undefined
+  /** Whether #mine holds events of a log that is gone (set by a renewal, and by a replay that failed). */
+  #toReplay = false
   readonly #redis: Redis
   readonly #reader: Redis
   readonly #opts: RedisEventStoreOptions
@@ -573,6 +575,7 @@ export class RedisEventStore implements EventStore {
         this.#id = id
         this.#cursor = Number(seq)
         this.#high = Number(seq)
+        this.#toReplay = true
         this.#opts.onReset?.(id, why)
       } finally {
         this.#renewing = undefined
@@ -583,6 +586,9 @@ export class RedisEventStore implements EventStore {
 
   /** Logs again, in order, this router's undelivered events of logs that are gone. */
   async #replay(): Promise<void> {
+    // The reader renews every quiet second: the scan of #mine only after the log changed.
+    if (!this.#toReplay) return
+    this.#toReplay = false
     const stale = [...this.#mine].filter(([key]) => !key.startsWith(`${this.#id} `))
     for (const [key, e] of stale) {
       if (!this.#mine.delete(key)) continue // a concurrent replay took it
@@ -592,6 +598,7 @@ export class RedisEventStore implements EventStore {
         else await this.appendPeerAlive(e.input, e.expected)
       } catch (err) {
         this.#mine.set(key, e) // again at the next renewal (its place in the order is lost)
+        this.#toReplay = true
         throw err
       }
     }

@@ -46,6 +46,12 @@ export const DiscoveryConfig = Type.Object(
     // After a watch fails (API server restart, network), the next try waits this long, doubling up to maxBackoffMs.
     backoffMs: Type.Integer({ minimum: 10, default: 500 }),
     maxBackoffMs: Type.Integer({ minimum: 10, default: 30000 }),
+    // The API server ends each pod watch after a random time in [this, 2 × this); the watch then resumes from where it was.
+    watchTimeoutSeconds: Type.Integer({ minimum: 1, maximum: 3600, default: 300 }),
+    // A watch that carried nothing this long (the API server sends a bookmark about every minute), or a list that did not answer, is dead: dropped, counted, started again.
+    idleTimeoutMs: Type.Integer({ minimum: 100, default: 150000 }),
+    // Every this long (±10 %) the pods are listed again and diffed, so a change a watch missed is found; 0: never.
+    relistIntervalMs: Type.Integer({ minimum: 0, default: 600000 }),
   },
   { additionalProperties: false },
 )

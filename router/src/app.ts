@@ -160,6 +160,8 @@ export async function buildApp(deps: RouterDeps): Promise<FastifyInstance> {
     if (!config.discovery) return
     discovery = await startDiscovery(config.discovery, {
       clock,
+      random,
+      metrics: metrics.registry,
       logger: app.log.child({ component: 'discovery' }),
       target: {
         has: (id) => registry.has(id),

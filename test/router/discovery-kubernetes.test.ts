@@ -1,5 +1,5 @@
 import { execFile } from 'node:child_process'
-import { mkdtempSync, rmSync, writeFileSync } from 'node:fs'
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { Writable } from 'node:stream'
@@ -10,6 +10,7 @@ import { buildApp } from '../../router/src/app.js'
 import { loadConfig } from '../../router/src/config.js'
 import { podInstanceId } from '../../router/src/discovery/kubernetes.js'
 import type { InstanceView } from '../../router/src/topology/registry.js'
+import { startTcpProxy } from '../../bench/tcp-proxy.js'
 import { cliEntry } from '../../common/paths.js'
 import { freePort } from '../../common/ports.js'
 import { get, post, simRequests, startSim, waitFor, type Teardown } from '../helpers/cluster.js'
@@ -51,14 +52,14 @@ async function startDiscoveringRouter(
   kube: LocalKube,
   ns: string,
   roles: { prefill?: typeof PREFILL; decode?: typeof DECODE },
-  opts: { user?: KubeUser; probe?: boolean } = {},
+  opts: { user?: KubeUser; probe?: boolean; kubeconfig?: string; discovery?: Record<string, number> } = {},
 ): Promise<Router> {
   const file = writeConfig(t, {
     port: 0,
     logLevel: 'info',
     adminToken: ADMIN,
     health: { intervalMs: 200, timeoutMs: 500 },
-    discovery: { kind: 'kubernetes', namespace: ns, kubeconfig: kube.kubeconfig(opts.user ?? 'router', ns), backoffMs: 100, maxBackoffMs: 1000, ...roles },
+    discovery: { kind: 'kubernetes', namespace: ns, kubeconfig: opts.kubeconfig ?? kube.kubeconfig(opts.user ?? 'router', ns), backoffMs: 100, maxBackoffMs: 1000, ...opts.discovery, ...roles },
   })
   const config = loadConfig({ file })
   const logs: Record<string, unknown>[] = []
@@ -221,6 +222,73 @@ t.test('kubernetes discovery against a real API server', { skip: needKube(t) }, 
     await readyPod(kube, ns, 'c-0', 'decode', '127.0.0.10')
     t.ok(await waitFor(() => router.app.topology.has(c), 2000), 'the watch works again: a new Ready pod joins within 2 s')
     t.equal(router.app.topology.size, 2, 'exactly a and c')
+  })
+
+  // Issue 22, defect 4: a watch whose connection died without a reset (a node's network, a
+  // load balancer's idle cut) stays open and silent; client-node's own watch has no timeout,
+  // so the router missed every scale-up until it restarted. The API server is reached through
+  // a TCP proxy that can blackhole the open connections while new ones pass.
+  const throughProxy = async (t: Teardown, ns: string): Promise<{ kubeconfig: string; proxy: Awaited<ReturnType<typeof startTcpProxy>> }> => {
+    const server = new URL(kube.server)
+    const proxy = await startTcpProxy({ host: server.hostname, port: Number(server.port) }, (stop) => t.teardown(stop))
+    const original = readFileSync(kube.kubeconfig('router', ns), 'utf8')
+    if (!original.includes(kube.server)) throw new Error(`the kubeconfig does not name ${kube.server}`)
+    const dir = mkdtempSync(join(tmpdir(), 'handoff-disc-'))
+    t.teardown(() => rmSync(dir, { recursive: true, force: true }))
+    const kubeconfig = join(dir, 'kubeconfig')
+    writeFileSync(kubeconfig, original.replaceAll(kube.server, `https://127.0.0.1:${proxy.port}`))
+    return { kubeconfig, proxy }
+  }
+
+  t.test('a watch that went silent is dropped after idleTimeoutMs and watched again: a pod Ready meanwhile joins', async (t) => {
+    const ns = await namespace(kube)
+    const { kubeconfig, proxy } = await throughProxy(t, ns)
+    // The API server's own watch timeout is far away: only the idle timeout can end the watch.
+    const router = await startDiscoveringRouter(t, kube, ns, { prefill: { ...PREFILL, port: 9 } }, { probe: false, kubeconfig, discovery: { idleTimeoutMs: 1500, watchTimeoutSeconds: 1800, relistIntervalMs: 0 } })
+    const discovery = router.app.discovery()
+    const [a, b] = ['a-0', 'b-0'].map((n) => podInstanceId(ns, n)) as [string, string]
+    await readyPod(kube, ns, 'a-0', 'prefill', '127.0.0.11')
+    t.ok(await waitFor(() => router.app.topology.has(a), 2000), 'a joined through the proxy')
+
+    proxy.blackhole()
+    proxy.heal() // new connections pass; the open watch stays silent, and no side is told
+    const idleBefore = discovery?.stats().idleWatches ?? 0
+    const t0 = performance.now()
+    await readyPod(kube, ns, 'b-0', 'prefill', '127.0.0.12')
+    t.ok(await waitFor(() => router.app.topology.has(b), 10_000), 'b, Ready while the watch was silent, joins')
+    t.comment(`b joined ${Math.round(performance.now() - t0)} ms after it was Ready (idle timeout 1500 ms)`)
+    t.ok((discovery?.stats().idleWatches ?? 0) > idleBefore, 'the silent watch was counted as idle')
+    t.ok(router.logs.some((l) => l.msg === 'kubernetes discovery: pod watch silent: presumed dead, watching again'), 'and logged')
+    t.ok(router.app.topology.has(a) && !router.view(a)?.draining, 'a stayed, never drained')
+    const metrics = (await get(`${router.url}/metrics`)).text
+    t.match(metrics, /handoff_router_discovery_idle_watches_total [1-9]/, 'GET /metrics counts it')
+  })
+
+  t.test('a periodic re-list finds what a silent watch missed, and disturbs nothing else', async (t) => {
+    const ns = await namespace(kube)
+    const { kubeconfig, proxy } = await throughProxy(t, ns)
+    // No idle timeout within the test: only the re-list can find the changes.
+    const router = await startDiscoveringRouter(t, kube, ns, { prefill: { ...PREFILL, port: 9 } }, { probe: false, kubeconfig, discovery: { idleTimeoutMs: 120_000, watchTimeoutSeconds: 1800, relistIntervalMs: 1500 } })
+    const discovery = router.app.discovery()
+    const [a, b, c] = ['a-0', 'b-0', 'c-0'].map((n) => podInstanceId(ns, n)) as [string, string, string]
+    await readyPod(kube, ns, 'a-0', 'prefill', '127.0.0.13')
+    await readyPod(kube, ns, 'c-0', 'prefill', '127.0.0.15')
+    t.ok(await waitFor(() => router.app.topology.has(a) && router.app.topology.has(c), 2000), 'a and c joined')
+    router.app.topology.observeEngineId(a, 'engine-a')
+    t.ok(await waitFor(() => (discovery?.stats().relists ?? 0) >= 2, 5000), 're-lists run')
+    t.notOk(router.view(c)?.draining, 'and a re-list that finds nothing new changes nothing')
+
+    proxy.blackhole()
+    proxy.heal()
+    const t0 = performance.now()
+    await kube.deletePod(ns, 'a-0')
+    await readyPod(kube, ns, 'b-0', 'prefill', '127.0.0.14')
+    t.ok(await waitFor(() => router.app.topology.has(b) && !router.app.topology.has(a), 6000), 'the re-list found both: b joined, a (deleted unseen) is gone')
+    t.comment(`found ${Math.round(performance.now() - t0)} ms after the changes (re-list every 1500 ms ±10 %)`)
+    t.match(await peerGones(router.app), [{ engineIds: ['engine-a'] }], 'peer_gone for the deleted pod’s engine')
+    t.ok(router.app.topology.has(c) && !router.view(c)?.draining, 'c stayed, never drained')
+    t.equal(discovery?.stats().idleWatches, 0, 'no watch was dropped as idle: the re-list did it')
+    t.match((await get(`${router.url}/metrics`)).text, /handoff_router_discovery_periodic_relists_total [1-9]/, 'GET /metrics counts the re-lists')
   })
 
   t.test('RBAC denial fails start-up with a clear RTR_ERR_CONFIG', async (t) => {

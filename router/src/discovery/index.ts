@@ -1,4 +1,6 @@
+import type { Registry, RegistryContentType } from 'prom-client'
 import type { Clock } from '../../../common/clock.js'
+import type { Random } from '../../../common/random.js'
 import type { DiscoveryConfig } from '../../../schemas/router-config.js'
 import type { Discovery, DiscoveryLogger, DiscoveryTarget } from './kubernetes.js'
 
@@ -10,7 +12,7 @@ export type { Discovery, DiscoveryLogger, DiscoveryTarget } from './kubernetes.j
  * (credentials, RBAC, an unreachable API server). The Kubernetes client is loaded only here,
  * when discovery is configured: it is most of what a router would otherwise load for nothing.
  */
-export async function startDiscovery(config: DiscoveryConfig, deps: { target: DiscoveryTarget; logger: DiscoveryLogger; clock: Clock }): Promise<Discovery> {
+export async function startDiscovery(config: DiscoveryConfig, deps: { target: DiscoveryTarget; logger: DiscoveryLogger; clock: Clock; random: Random; metrics?: Registry<RegistryContentType> }): Promise<Discovery> {
   switch (config.kind) {
     case 'kubernetes': {
       const { startKubernetesDiscovery } = await import('./kubernetes.js')

@@ -1,8 +1,11 @@
-import { CoreV1Api, KubeConfig, makeInformer, type Informer, type ObjectCache, type V1Pod } from '@kubernetes/client-node'
+import { CoreV1Api, KubeConfig, ListWatch, type V1Pod, type V1PodList } from '@kubernetes/client-node'
+import { Counter, type Registry, type RegistryContentType } from 'prom-client'
 import type { Clock, ClockTimer } from '../../../common/clock.js'
+import type { Random } from '../../../common/random.js'
 import type { DiscoveryConfig, InstanceConfig, InstanceRole } from '../../../schemas/router-config.js'
 import { RTR_ERR_CONFIG } from '../errors.js'
 import { hostPort } from '../../../common/host-port.js'
+import { GuardedWatch, WatchIdleError } from './watch.js'
 
 /**
  * What discovery needs from the topology: the registry and the drainer satisfy it (app.ts
@@ -39,10 +42,21 @@ export interface DiscoveryLogger {
 export interface Discovery {
   /** Stops every watch; instances already found stay in the topology. */
   stop(): Promise<void>
-  /** Counters for tests and logs: pod lists done (the first, and every re-list after 410 Gone), watch failures. */
-  stats(): { lists: number; watchErrors: number }
+  /** Counters for tests and logs (and the metrics): see DiscoveryStats. */
+  stats(): DiscoveryStats
   /** Resolves once every change seen so far has been applied to the target. */
   settled(): Promise<void>
+}
+
+export interface DiscoveryStats {
+  /** Pod lists done: the first, each after 410 Gone, each periodic re-list. */
+  lists: number
+  /** Periodic re-lists started (`relistIntervalMs`). */
+  relists: number
+  /** Watches (and lists) that carried nothing for `idleTimeoutMs`, dropped as dead. */
+  idleWatches: number
+  /** Watch and list failures of any kind, idle ones included; each is tried again after a backoff. */
+  watchErrors: number
 }
 
 export interface StartKubernetesDiscoveryOptions {
@@ -50,6 +64,10 @@ export interface StartKubernetesDiscoveryOptions {
   target: DiscoveryTarget
   logger: DiscoveryLogger
   clock: Clock
+  /** Jitter of the watch timeouts and the re-list interval. */
+  random: Random
+  /** The router's metrics registry; none: no metrics. */
+  metrics?: Registry<RegistryContentType>
   /** A KubeConfig built by the caller; default: `config.kubeconfig`, else the pod's service account. */
   kubeConfig?: KubeConfig
 }
@@ -88,7 +106,10 @@ interface Tracked {
  * new list against its cache, so a pod deleted while nobody watched still comes out as a
  * delete. On any other failure (API server restarting, network) it stops; discovery starts it
  * again after a backoff, from the last resourceVersion. Meanwhile the topology keeps what it
- * had: an unreachable API server says nothing about the engines.
+ * had: an unreachable API server says nothing about the engines. A watch that went silent
+ * (its connection dead without a reset) fails after `idleTimeoutMs` like any other (watch.ts),
+ * and every `relistIntervalMs` the informer lists again and diffs, so a change a watch missed
+ * is found within that interval.
  *
  * Each change is reconciled from the informers' caches, level-triggered: a pod Ready with an
  * IP is an instance; one that stops being Ready, starts terminating or is deleted leaves
@@ -107,9 +128,14 @@ export async function startKubernetesDiscovery(opts: StartKubernetesDiscoveryOpt
   const kc = opts.kubeConfig ?? loadKubeConfig(config)
   const api = kc.makeApiClient(CoreV1Api)
   const tracked = new Map<string, Tracked>()
-  const informers = new Map<InstanceRole, Informer<V1Pod> & ObjectCache<V1Pod>>()
+  const informers = new Map<InstanceRole, ListWatch<V1Pod>>()
   const timers = new Set<ClockTimer>()
-  const counters = { lists: 0, watchErrors: 0 }
+  const counters: DiscoveryStats = { lists: 0, relists: 0, idleWatches: 0, watchErrors: 0 }
+  const metric = opts.metrics ? discoveryMetrics(opts.metrics) : undefined
+  const counter = (name: keyof DiscoveryStats): void => {
+    counters[name]++
+    metric?.[name].inc()
+  }
   let stopped = false
 
   // One queue: each pod name is reconciled at most once per pending change.
@@ -218,18 +244,23 @@ export async function startKubernetesDiscovery(opts: StartKubernetesDiscoveryOpt
     for (const role of ROLES) {
       const rc = config[role]
       if (!rc) continue
-      const path = `/api/v1/namespaces/${namespace}/pods`
-      const informer = makeInformer<V1Pod>(
-        kc,
-        path,
-        async () => {
-          const list = await api.listNamespacedPod({ namespace, labelSelector: rc.selector })
-          counters.lists++
+      const watch = new GuardedWatch(kc, { timeoutSeconds: config.watchTimeoutSeconds, idleMs: config.idleTimeoutMs, random: opts.random })
+      const list = async (): Promise<V1PodList> => {
+        // A list that never answers (a silent connection) would hold the informer for good.
+        let timer: ClockTimer | undefined
+        const timeout = new Promise<never>((_, reject) => {
+          timer = clock.setTimeout(() => reject(new WatchIdleError(`the pod list did not answer within ${config.idleTimeoutMs} ms`)), config.idleTimeoutMs)
+        })
+        try {
+          const list = await Promise.race([api.listNamespacedPod({ namespace, labelSelector: rc.selector }), timeout])
+          counter('lists')
           logger.info({ role, selector: rc.selector, pods: list.items.length, resourceVersion: list.metadata?.resourceVersion }, 'kubernetes discovery: listed pods')
           return list
-        },
-        rc.selector,
-      )
+        } finally {
+          if (timer) clock.clearTimeout(timer)
+        }
+      }
+      const informer = new ListWatch<V1Pod>(`/api/v1/namespaces/${namespace}/pods`, watch, list, false, rc.selector)
       const onPod = (pod: V1Pod): void => {
         const name = pod.metadata?.name
         if (name) schedule(name)
@@ -253,9 +284,12 @@ export async function startKubernetesDiscovery(opts: StartKubernetesDiscoveryOpt
       let startedAt = clock.monotonic()
       informer.on('error', (err: unknown) => {
         if (stopped) return
-        counters.watchErrors++
+        counter('watchErrors')
         if (clock.monotonic() - startedAt > STABLE_MS) backoff = config.backoffMs
-        logger.warn({ role, err: describe(err), retryInMs: backoff }, 'kubernetes discovery: pod watch failed; the topology stays as it is until it is back')
+        if (err instanceof WatchIdleError) {
+          counter('idleWatches')
+          logger.warn({ role, err: err.message, retryInMs: backoff }, 'kubernetes discovery: pod watch silent: presumed dead, watching again')
+        } else logger.warn({ role, err: describe(err), retryInMs: backoff }, 'kubernetes discovery: pod watch failed; the topology stays as it is until it is back')
         const timer = clock.setTimeout(() => {
           timers.delete(timer)
           if (stopped) return
@@ -266,6 +300,25 @@ export async function startKubernetesDiscovery(opts: StartKubernetesDiscoveryOpt
         timers.add(timer)
         backoff = Math.min(backoff * 2, config.maxBackoffMs)
       })
+
+      // A watch can miss a change and never know (a bug anywhere between etcd and here):
+      // list again now and then, and diff (a missed delete comes out as a delete).
+      if (config.relistIntervalMs > 0) {
+        const relist = (): void => {
+          const timer = clock.setTimeout(() => {
+            timers.delete(timer)
+            if (stopped) return
+            if (watch.expire()) {
+              counter('relists')
+              logger.info({ role }, 'kubernetes discovery: periodic re-list')
+            }
+            relist()
+          }, config.relistIntervalMs * (0.9 + 0.2 * opts.random.next()))
+          timer.unref?.()
+          timers.add(timer)
+        }
+        relist()
+      }
     }
   } catch (err) {
     await stopAll()
@@ -282,6 +335,16 @@ export async function startKubernetesDiscovery(opts: StartKubernetesDiscoveryOpt
       seen = chain
       await seen
     } while (seen !== chain)
+  }
+}
+
+function discoveryMetrics(registry: Registry<RegistryContentType>): Record<keyof DiscoveryStats, Counter> {
+  const make = (name: string, help: string): Counter => new Counter({ name: `handoff_router_discovery_${name}`, help, registers: [registry] })
+  return {
+    lists: make('pod_lists_total', 'Pod lists done: the first, each after 410 Gone, each periodic re-list.'),
+    relists: make('periodic_relists_total', 'Periodic re-lists of the pods (discovery.relistIntervalMs).'),
+    idleWatches: make('idle_watches_total', 'Pod watches or lists that carried nothing for discovery.idleTimeoutMs: dropped as dead and started again.'),
+    watchErrors: make('watch_errors_total', 'Pod watch and list failures of any kind, idle ones included; each is tried again after a backoff.'),
   }
 }
 

@@ -54,6 +54,7 @@ export type KubeUser = keyof typeof TOKENS
 
 export interface PodSpec {
   labels?: Record<string, string>
+  annotations?: Record<string, string>
   /** Default: a made-up node, so a plain delete is graceful (the pod lingers, terminating), as on a real node. */
   nodeName?: string
 }
@@ -270,7 +271,7 @@ export async function startKube(t: Teardown): Promise<LocalKube> {
         body: {
           apiVersion: 'v1',
           kind: 'Pod',
-          metadata: { name, labels: spec.labels ?? {} },
+          metadata: { name, labels: spec.labels ?? {}, ...(spec.annotations ? { annotations: spec.annotations } : {}) },
           spec: {
             nodeName: spec.nodeName ?? 'test-node',
             automountServiceAccountToken: false,

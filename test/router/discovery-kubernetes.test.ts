@@ -177,6 +177,36 @@ t.test('kubernetes discovery against a real API server', { skip: needKube(t) }, 
     t.ok(await waitFor(() => !router.app.topology.has(id1), 2000), 'p-1 deleted: gone')
   })
 
+  // Issue 22: the engine pods publish their NIXL side-channel port; vLLM's logs name a peer by
+  // that address, and connectors may know a peer by it only.
+  t.test('a pod’s side-channel port annotation: peer_gone names the address, and an address finds the pod', async (t) => {
+    const ns = await namespace(kube)
+    // Probed: an address never names an engine that is up (nothing listens on port 9 here).
+    const router = await startDiscoveringRouter(t, kube, ns, { prefill: { ...PREFILL, port: 9 } })
+    const [a, b] = ['a-0', 'b-0'].map((n) => podInstanceId(ns, n)) as [string, string]
+    await kube.createPod(ns, 'a-0', { labels: { app: 'engine', role: 'prefill' }, annotations: { 'handoff.dev/side-channel-port': '5600' } })
+    await kube.setPodStatus(ns, 'a-0', { ready: true, podIP: '127.0.0.21' })
+    await kube.createPod(ns, 'b-0', { labels: { app: 'engine', role: 'prefill' }, annotations: { 'handoff.dev/side-channel-port': 'not-a-port' } })
+    await kube.setPodStatus(ns, 'b-0', { ready: true, podIP: '127.0.0.22' })
+    t.ok(await waitFor(() => router.app.topology.has(a) && router.app.topology.has(b), 2000), 'both joined')
+    t.equal(router.view(a)?.labels['handoff.dev/side-channel'], '127.0.0.21:5600', 'the instance carries podIP:port')
+    t.equal(router.view(b)?.labels['handoff.dev/side-channel'], undefined, 'a malformed annotation is ignored')
+    router.app.topology.observeEngineId(a, 'engine-a')
+    router.app.topology.observeEngineId(b, 'engine-b')
+    t.ok(await waitFor(() => router.view(a)?.healthy === false, 5000), 'a refuses its probes')
+
+    // Ops name a dead engine by the address vLLM's logs show.
+    const res = await post(`${router.url}/fault_tolerance/event`, { event_type: 'peer_gone', nodes: { addresses: ['127.0.0.21:5600'] }, reason: 'from the decoder logs' }, { authorization: `Bearer ${ADMIN}` })
+    t.equal(res.status, 202, res.text)
+    t.match(await peerGones(router.app), [{ engineIds: ['engine-a'], addresses: ['127.0.0.21:5600'] }], 'the address found the pod’s engine, and the event names the address')
+
+    // Deleted: its drain's peer_gone lists the side channel too.
+    await kube.deletePod(ns, 'b-0')
+    t.ok(await waitFor(() => !router.app.topology.has(b), 2000), 'b gone')
+    const last = (await peerGones(router.app)).at(-1) as { engineIds: string[]; addresses: string[] } | undefined
+    t.same(last, { ...last, engineIds: ['engine-b'], addresses: [] }, 'b published no valid port: no address')
+  })
+
   t.test('a pod recreated under the same name is a new incarnation: the old one is retired (peer_gone)', async (t) => {
     const ns = await namespace(kube)
     const router = await startDiscoveringRouter(t, kube, ns, { prefill: { ...PREFILL, port: 9 } }, { probe: false })

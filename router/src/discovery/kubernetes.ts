@@ -1,11 +1,15 @@
-import { CoreV1Api, KubeConfig, ListWatch, type V1Pod, type V1PodList } from '@kubernetes/client-node'
+import { KubeConfig, ListWatch, type V1Pod, type V1PodList } from '@kubernetes/client-node'
 import { Counter, type Registry, type RegistryContentType } from 'prom-client'
 import type { Clock, ClockTimer } from '../../../common/clock.js'
 import type { Random } from '../../../common/random.js'
 import type { DiscoveryConfig, InstanceConfig, InstanceRole } from '../../../schemas/router-config.js'
 import { RTR_ERR_CONFIG } from '../errors.js'
 import { hostPort } from '../../../common/host-port.js'
-import { GuardedWatch, WatchIdleError } from './watch.js'
+import { SIDE_CHANNEL_LABEL } from '../topology/registry.js'
+import { KubeHttp, WatchIdleError } from './kube-http.js'
+
+/** Where a pod publishes its engine's NIXL side-channel port (VLLM_NIXL_SIDE_CHANNEL_PORT); the chart's engine pods do. */
+export const SIDE_CHANNEL_PORT_ANNOTATION = 'handoff.dev/side-channel-port'
 
 /**
  * What discovery needs from the topology: the registry and the drainer satisfy it (app.ts
@@ -88,6 +92,17 @@ function serving(pod: V1Pod): string | undefined {
   return ready ? pod.status?.podIP || undefined : undefined
 }
 
+/**
+ * The instance's labels: the pod's, and SIDE_CHANNEL_LABEL (podIP:port) when the pod publishes
+ * its NIXL side-channel port in the annotation SIDE_CHANNEL_PORT_ANNOTATION.
+ */
+function podLabels(pod: V1Pod, ip: string): Record<string, string> {
+  const labels = { ...(pod.metadata?.labels ?? {}) }
+  const port = pod.metadata?.annotations?.[SIDE_CHANNEL_PORT_ANNOTATION]
+  if (port !== undefined && /^[0-9]{1,5}$/.test(port) && Number(port) >= 1 && Number(port) <= 65535) labels[SIDE_CHANNEL_LABEL] = hostPort(ip, Number(port))
+  return labels
+}
+
 /** One incarnation of a pod, as it stands in the topology. */
 interface Tracked {
   id: string
@@ -107,7 +122,7 @@ interface Tracked {
  * delete. On any other failure (API server restarting, network) it stops; discovery starts it
  * again after a backoff, from the last resourceVersion. Meanwhile the topology keeps what it
  * had: an unreachable API server says nothing about the engines. A watch that went silent
- * (its connection dead without a reset) fails after `idleTimeoutMs` like any other (watch.ts),
+ * (its connection dead without a reset) fails after `idleTimeoutMs` like any other (kube-http.ts),
  * and every `relistIntervalMs` the informer lists again and diffs, so a change a watch missed
  * is found within that interval.
  *
@@ -126,7 +141,6 @@ export async function startKubernetesDiscovery(opts: StartKubernetesDiscoveryOpt
   const { config, target, logger, clock } = opts
   const namespace = config.namespace
   const kc = opts.kubeConfig ?? loadKubeConfig(config)
-  const api = kc.makeApiClient(CoreV1Api)
   const tracked = new Map<string, Tracked>()
   const informers = new Map<InstanceRole, ListWatch<V1Pod>>()
   const timers = new Set<ClockTimer>()
@@ -178,7 +192,7 @@ export async function startKubernetesDiscovery(opts: StartKubernetesDiscoveryOpt
     const ip = pod && serving(pod)
     const want =
       pod && role && ip
-        ? { uid: pod.metadata?.uid ?? '', role, url: `http://${hostPort(ip, portOf(role))}`, labels: { ...(pod.metadata?.labels ?? {}) } }
+        ? { uid: pod.metadata?.uid ?? '', role, url: `http://${hostPort(ip, portOf(role))}`, labels: podLabels(pod, ip) }
         : undefined
 
     const t = tracked.get(name)
@@ -244,23 +258,15 @@ export async function startKubernetesDiscovery(opts: StartKubernetesDiscoveryOpt
     for (const role of ROLES) {
       const rc = config[role]
       if (!rc) continue
-      const watch = new GuardedWatch(kc, { timeoutSeconds: config.watchTimeoutSeconds, idleMs: config.idleTimeoutMs, random: opts.random })
+      const path = `/api/v1/namespaces/${namespace}/pods`
+      const http = new KubeHttp(kc, { timeoutSeconds: config.watchTimeoutSeconds, idleMs: config.idleTimeoutMs, random: opts.random })
       const list = async (): Promise<V1PodList> => {
-        // A list that never answers (a silent connection) would hold the informer for good.
-        let timer: ClockTimer | undefined
-        const timeout = new Promise<never>((_, reject) => {
-          timer = clock.setTimeout(() => reject(new WatchIdleError(`the pod list did not answer within ${config.idleTimeoutMs} ms`)), config.idleTimeoutMs)
-        })
-        try {
-          const list = await Promise.race([api.listNamespacedPod({ namespace, labelSelector: rc.selector }), timeout])
-          counter('lists')
-          logger.info({ role, selector: rc.selector, pods: list.items.length, resourceVersion: list.metadata?.resourceVersion }, 'kubernetes discovery: listed pods')
-          return list
-        } finally {
-          if (timer) clock.clearTimeout(timer)
-        }
+        const list = await http.list<V1PodList>(path, { labelSelector: rc.selector })
+        counter('lists')
+        logger.info({ role, selector: rc.selector, pods: list.items.length, resourceVersion: list.metadata?.resourceVersion }, 'kubernetes discovery: listed pods')
+        return list
       }
-      const informer = new ListWatch<V1Pod>(`/api/v1/namespaces/${namespace}/pods`, watch, list, false, rc.selector)
+      const informer = new ListWatch<V1Pod>(path, http, list, false, rc.selector)
       const onPod = (pod: V1Pod): void => {
         const name = pod.metadata?.name
         if (name) schedule(name)
@@ -308,7 +314,7 @@ export async function startKubernetesDiscovery(opts: StartKubernetesDiscoveryOpt
           const timer = clock.setTimeout(() => {
             timers.delete(timer)
             if (stopped) return
-            if (watch.expire()) {
+            if (http.expire()) {
               counter('relists')
               logger.info({ role }, 'kubernetes discovery: periodic re-list')
             }

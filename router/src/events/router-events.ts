@@ -1,6 +1,6 @@
 import type { AgentRegistration } from '../../../schemas/events.js'
 import type { EventStore } from '../store/event-store.js'
-import type { TopologyRegistry } from '../topology/registry.js'
+import { SIDE_CHANNEL_LABEL, type TopologyRegistry } from '../topology/registry.js'
 import { RTR_ERR_TOO_MANY_AGENTS } from '../errors.js'
 import { AgentDirectory, type AgentRecord } from './agent-directory.js'
 import { BoundedSet } from './bounded-set.js'
@@ -307,6 +307,10 @@ export class RouterEvents {
     if (ids.size === 0) return { seq: null, engineIds: [], unknown, aliveSkipped, logged: false }
     const peerAddresses = new Set(addresses)
     for (const id of ids) for (const a of this.agents.byEngine(id)) peerAddresses.add(a.peerAddress)
+    for (const inst of this.#registry.snapshot().instances) {
+      const side = inst.labels[SIDE_CHANNEL_LABEL]
+      if (side && inst.engineId && ids.has(inst.engineId)) peerAddresses.add(side)
+    }
     // Only engine_ids not gone yet are logged, checked in the same step across every router.
     const input = { type: 'peer_gone' as const, engineIds: [...ids], addresses: [...peerAddresses], reason }
     const event = await this.store.appendPeerGone(input, this.agents.all().map((a) => a.agentId))
@@ -375,7 +379,7 @@ export class RouterEvents {
   #resolve(address: string): string[] {
     const ids = new Set(this.agents.engineIdsAt(address))
     for (const inst of this.#registry.snapshot().instances) {
-      if (inst.engineId && new URL(inst.url).host === address) ids.add(inst.engineId)
+      if (inst.engineId && (new URL(inst.url).host === address || inst.labels[SIDE_CHANNEL_LABEL] === address)) ids.add(inst.engineId)
     }
     return [...ids]
   }

@@ -36,6 +36,15 @@ export type TopologyListener = (change: TopologyChange) => void
  */
 export type InstanceSource = 'config' | 'admin' | 'agent' | 'kubernetes'
 
+/**
+ * The label naming an instance's NIXL side channel, host:port (what its prefill answers call
+ * remote_host:remote_port, and what vLLM's logs name a peer by). Discovery sets it from the
+ * pod's annotation; a static instance may carry it in its config. `peer_gone` for the
+ * instance's engine lists it among the addresses, and an address given to
+ * POST /fault_tolerance/event resolves to the instance through it.
+ */
+export const SIDE_CHANNEL_LABEL = 'handoff.dev/side-channel'
+
 export interface InstanceView {
   readonly id: string
   readonly role: InstanceRole

@@ -32,16 +32,28 @@ interface Container {
   restartPolicy?: string
   env?: { name: string; value?: string; valueFrom?: { fieldRef?: { fieldPath: string }; secretKeyRef?: { name: string; key: string } } }[]
   readinessProbe?: { httpGet?: { path: string; port: string | number } }
+  startupProbe?: { httpGet?: { path: string; port: string | number }; periodSeconds?: number; failureThreshold?: number }
+  livenessProbe?: { httpGet?: { path: string; port: string | number }; periodSeconds?: number; failureThreshold?: number }
+  resources?: { requests?: Record<string, string>; limits?: Record<string, string | number> }
+  securityContext?: { capabilities?: { add?: string[] } }
+  ports?: { name: string; containerPort: number }[]
   lifecycle?: { preStop?: { exec?: { command: string[] } } }
   volumeMounts?: { name: string; mountPath: string }[]
 }
 interface PodTemplate {
-  metadata: { labels: Record<string, string> }
+  metadata: { labels: Record<string, string>; annotations?: Record<string, string> }
   spec: {
     terminationGracePeriodSeconds: number
     containers: Container[]
     initContainers?: Container[]
-    volumes?: { name: string; projected?: { sources: { configMap?: { name: string }; secret?: { name: string; items?: { key: string; path: string }[] } }[] } }[]
+    volumes?: {
+      name: string
+      projected?: { sources: { configMap?: { name: string }; secret?: { name: string; items?: { key: string; path: string }[] } }[] }
+      emptyDir?: { medium?: string; sizeLimit?: string }
+      persistentVolumeClaim?: { claimName: string }
+      hostPath?: { path: string }
+    }[]
+    priorityClassName?: string
   }
 }
 interface PolicyPeer {
@@ -54,6 +66,10 @@ interface K8sObject {
   data?: Record<string, string>
   spec?: {
     template: PodTemplate
+    strategy?: { type: string; rollingUpdate?: { maxSurge?: number | string; maxUnavailable?: number | string } }
+    maxUnavailable?: number
+    selector?: { matchLabels?: Record<string, string> }
+    scaleTargetRef?: { kind: string; name: string }
     podSelector?: { matchLabels?: Record<string, string> }
     ingress?: { ports?: { port: string | number }[]; from?: PolicyPeer[] }[]
   }
@@ -124,6 +140,8 @@ t.test('engine pods in the Helm chart and the examples, against a real API serve
         'NetworkPolicy/r-handoff',
         'NetworkPolicy/r-handoff-decode-ingress',
         'NetworkPolicy/r-handoff-prefill-ingress',
+        'PodDisruptionBudget/r-handoff-decode',
+        'PodDisruptionBudget/r-handoff-prefill',
         'Role/r-handoff-discovery',
         'RoleBinding/r-handoff-discovery',
         'Secret/r-handoff',
@@ -140,7 +158,7 @@ t.test('engine pods in the Helm chart and the examples, against a real API serve
       .discovery
 
     for (const role of ['prefill', 'decode'] as const) {
-      const tpl = items.find((i) => i.metadata.name === `r-handoff-${role}`)?.spec?.template
+      const tpl = items.find((i) => i.kind === 'Deployment' && i.metadata.name === `r-handoff-${role}`)?.spec?.template
       t.ok(tpl, `${role}: a Deployment`)
       if (!tpl) continue
       const vllm = tpl.spec.containers.find((c) => c.name === 'vllm')
@@ -150,6 +168,19 @@ t.test('engine pods in the Helm chart and the examples, against a real API serve
         '{"kv_connector":"NixlConnector","kv_connector_extra_config":{"kv_lease_duration":30},"kv_role":"kv_both"}',
         `${role}: the NixlConnector, its kv_lease_duration from engines.leaseSeconds`,
       )
+      // Issue 22: engine pods that fit production.
+      const dep = items.find((i) => i.kind === 'Deployment' && i.metadata.name === `r-handoff-${role}`)
+      t.match(dep?.spec?.strategy, { type: 'RollingUpdate', rollingUpdate: { maxSurge: 0, maxUnavailable: 1 } }, `${role}: no surge (a GPU pod cannot start beside the one it replaces)`)
+      t.match(vllm?.startupProbe, { httpGet: { path: '/health', port: 'http' }, periodSeconds: 10, failureThreshold: 180 }, `${role}: a startup probe allowing 30 min to load`)
+      t.match(vllm?.livenessProbe, { httpGet: { path: '/health', port: 'http' }, periodSeconds: 15, failureThreshold: 8 }, `${role}: a lenient liveness probe`)
+      t.match(vllm?.resources, { requests: { cpu: '4', memory: '32Gi' } }, `${role}: CPU and memory requests (not BestEffort)`)
+      t.match(tpl.spec.volumes?.find((v) => v.name === 'dshm'), { emptyDir: { medium: 'Memory', sizeLimit: '16Gi' } }, `${role}: /dev/shm in memory`)
+      t.ok(vllm?.volumeMounts?.some((m) => m.name === 'dshm' && m.mountPath === '/dev/shm'), `${role}: mounted at /dev/shm`)
+      t.equal(tpl.metadata.annotations?.['handoff.dev/side-channel-port'], '5600', `${role}: the side-channel port published for discovery`)
+      t.equal(vllm?.env?.find((e) => e.name === 'VLLM_NIXL_SIDE_CHANNEL_PORT')?.value, '5600', `${role}: the same port vLLM listens on`)
+      const pdb = items.find((i) => i.kind === 'PodDisruptionBudget' && i.metadata.name === `r-handoff-${role}`)
+      t.equal(pdb?.spec?.maxUnavailable, 1, `${role}: a PodDisruptionBudget, one at a time`)
+      t.ok(Object.entries(pdb?.spec?.selector?.matchLabels ?? { none: 'x' }).every(([k, v]) => tpl.metadata.labels[k] === v), `${role}: over its pods`)
       const cmd = preStop(vllm)
       t.same(cmd.slice(0, 2), ['python3', '/etc/handoff-drain/prestop-drain.py'], `${role}: the preStop runs the drain script`)
       t.equal(flag(cmd, '--router-url'), `http://r-handoff-admin.${ns}.svc:8001`, `${role}: through the -admin Service, on the operations port`)
@@ -190,7 +221,7 @@ t.test('engine pods in the Helm chart and the examples, against a real API serve
       const own = items.find((i) => i.kind === 'NetworkPolicy' && i.metadata.name === `r-handoff-${role}-ingress`)?.spec
       t.ok(Object.entries(own?.podSelector?.matchLabels ?? { none: 'x' }).every(([k, v]) => tpl.metadata.labels[k] === v), `${role}: its NetworkPolicy selects its pods`)
       const routerPod = items.find((i) => i.kind === 'Deployment' && i.metadata.name === 'r-handoff')?.spec?.template.metadata.labels ?? {}
-      const other = items.find((i) => i.metadata.name === `r-handoff-${role === 'prefill' ? 'decode' : 'prefill'}`)?.spec?.template.metadata.labels ?? {}
+      const other = items.find((i) => i.kind === 'Deployment' && i.metadata.name === `r-handoff-${role === 'prefill' ? 'decode' : 'prefill'}`)?.spec?.template.metadata.labels ?? {}
       t.ok(admits(own?.ingress?.[0]?.from, routerPod, ns) && admits(own?.ingress?.[0]?.from, other, ns), `${role}: the routers and the other engines reach it`)
       t.notOk(admits(own?.ingress?.[0]?.from, { app: 'some-client' }, ns), `${role}: nothing else does`)
       // The API server itself evaluates the router's selectors against a pod of this template.
@@ -204,7 +235,7 @@ t.test('engine pods in the Helm chart and the examples, against a real API serve
     const ns = 'engines-run'
     await kube.createNamespace(ns)
     const items = await applyDryRun(kube, ns, await template('r', ns, ENGINES))
-    const cmd = preStop(items.find((i) => i.metadata.name === 'r-handoff-prefill')?.spec?.template.spec.containers[0])
+    const cmd = preStop(items.find((i) => i.kind === 'Deployment' && i.metadata.name === 'r-handoff-prefill')?.spec?.template.spec.containers[0])
     // The projected volume, as the kubelet would write it.
     const mount = join(dir, 'etc-handoff-drain')
     mkdirSync(mount, { recursive: true })
@@ -223,8 +254,8 @@ t.test('engine pods in the Helm chart and the examples, against a real API serve
   t.test('the examples in deploy/examples/: accepted, selected, wired to the chart', async (t) => {
     const ns = 'examples'
     await kube.createNamespace(ns)
-    const files = readdirSync(examples).filter((f) => f.endsWith('.yaml'))
-    t.same(files.sort(), ['vllm-decode.yaml', 'vllm-prefill.yaml'])
+    t.same(readdirSync(examples).filter((f) => f.endsWith('.yaml')).sort(), ['hpa-decode.yaml', 'vllm-decode.yaml', 'vllm-prefill.yaml'])
+    const files = ['vllm-decode.yaml', 'vllm-prefill.yaml']
     // The chart as an operator who brings their own engines installs it: release `handoff`.
     const chartItems = await applyDryRun(kube, ns, await template('handoff', ns, ADMIN))
     const names = new Set(chartItems.map((i) => `${i.kind}/${i.metadata.name}`))
@@ -248,6 +279,60 @@ t.test('engine pods in the Helm chart and the examples, against a real API serve
     }
     t.same(await selected(kube, ns, discovery.prefill?.selector ?? ''), ['vllm-prefill'], 'the default prefill selector picks the example prefill pod')
     t.same(await selected(kube, ns, discovery.decode?.selector ?? ''), ['vllm-decode'], 'the default decode selector picks the example decode pod')
+    const [hpa] = await applyDryRun(kube, ns, join(examples, 'hpa-decode.yaml'))
+    t.match(hpa, { kind: 'HorizontalPodAutoscaler', spec: { scaleTargetRef: { kind: 'Deployment', name: 'vllm-decode' } } }, 'hpa-decode.yaml: accepted, scaling the example decoders')
+    t.match(JSON.stringify(hpa), /handoff_router_admission_queue_depth/, 'on the routers’ queue')
+  })
+
+  // Issue 22 defect 5: the selectors were not scoped to the release, so two releases in one
+  // namespace routed to each other's engines.
+  t.test('two releases in one namespace: each router selects its own release’s engines only', async (t) => {
+    const ns = 'engines-two'
+    await kube.createNamespace(ns)
+    const selectors: Record<string, Record<string, { selector: string }>> = {}
+    for (const release of ['blue', 'green']) {
+      const items = await applyDryRun(kube, ns, await template(release, ns, ENGINES))
+      selectors[release] = (JSON.parse(items.find((i) => i.kind === 'ConfigMap' && i.metadata.name === `${release}-handoff`)?.data?.['router.json'] ?? '{}') as { discovery: Record<string, { selector: string }> }).discovery
+      for (const role of ['prefill', 'decode']) {
+        const tpl = items.find((i) => i.kind === 'Deployment' && i.metadata.name === `${release}-handoff-${role}`)?.spec?.template
+        if (tpl) await podFrom(kube, ns, `${release}-${role}`, tpl)
+      }
+    }
+    for (const release of ['blue', 'green']) {
+      t.same(await selected(kube, ns, selectors[release]?.prefill?.selector ?? ''), [`${release}-prefill`], `${release}'s router selects its own prefiller only`)
+      t.same(await selected(kube, ns, selectors[release]?.decode?.selector ?? ''), [`${release}-decode`], `${release}'s router selects its own decoder only`)
+    }
+    const unscoped = await kube.helm(['template', 'blue', chart, '--show-only', 'templates/configmap.yaml', ...ENGINES, '--set', 'discovery.scopeToRelease=false'])
+    t.match(unscoped.stdout, /"selector": "app\.kubernetes\.io\/part-of=handoff,handoff\.dev\/role=prefill"/, 'scopeToRelease=false: the selector as given')
+  })
+
+  t.test('production engine values: RDMA, IPC_LOCK, a model cache, the HF token, pod spec extras; accepted', async (t) => {
+    const ns = 'engines-prod'
+    await kube.createNamespace(ns)
+    const args = [
+      ...ENGINES,
+      ...['--set', 'engines.rdma.enabled=true', '--set', 'engines.modelCache.type=pvc', '--set', 'engines.modelCache.claimName=models'],
+      ...['--set', 'engines.hfToken.secretName=hf', '--set', 'engines.prefill.podSpec.priorityClassName=system-node-critical', '--set', 'engines.sideChannelPort=5700'],
+    ]
+    const items = await applyDryRun(kube, ns, await template('r', ns, args))
+    const tpl = items.find((i) => i.kind === 'Deployment' && i.metadata.name === 'r-handoff-prefill')?.spec?.template
+    const vllm = tpl?.spec.containers.find((c) => c.name === 'vllm')
+    t.match(vllm?.resources?.limits, { 'nvidia.com/gpu': '1', 'rdma/ib': '1' }, 'the RDMA resource beside the GPU')
+    t.same(vllm?.securityContext?.capabilities?.add, ['IPC_LOCK'], 'IPC_LOCK for UCX')
+    t.match(tpl?.spec.volumes?.find((v) => v.name === 'model-cache'), { persistentVolumeClaim: { claimName: 'models' } }, 'the model cache claim')
+    t.match(vllm?.env?.find((e) => e.name === 'HF_HOME'), { value: '/models' }, 'HF_HOME on it')
+    t.match(vllm?.env?.find((e) => e.name === 'HF_TOKEN'), { valueFrom: { secretKeyRef: { name: 'hf', key: 'token' } } }, 'HF_TOKEN from the Secret')
+    t.equal(tpl?.spec.priorityClassName, 'system-node-critical', 'podSpec passed through')
+    t.equal(tpl?.metadata.annotations?.['handoff.dev/side-channel-port'], '5700', 'the side-channel port as set')
+    t.ok(vllm?.ports?.some((p) => p.name === 'nixl' && p.containerPort === 5700), 'on the container port too')
+    const fails = async (extra: string[]): Promise<string> =>
+      kube.helm(['template', 'r', chart, ...ENGINES, ...extra]).then(
+        () => '',
+        (e: { stderr?: string }) => e.stderr ?? '',
+      )
+    t.match(await fails(['--set', 'engines.prefill.podSpec.volumes=x']), /engines\.prefill\.podSpec\.volumes: the chart sets it/)
+    t.match(await fails(['--set', 'engines.modelCache.type=nfs']), /engines\.modelCache\.type must be/)
+    t.match(await fails(['--set', 'engines.modelCache.type=pvc']), /engines\.modelCache\.claimName is required/)
   })
 
   t.test('bad engine values fail at render time with the reason', async (t) => {
@@ -281,7 +366,7 @@ t.test('engine pods in the Helm chart and the examples, against a real API serve
   t.test('engines.connector=handoff: the engines load handoff’s connector, follow the routers, read the agent token from a file', async (t) => {
     const { stdout } = await kube.helm(['template', 'r', chart, ...ENGINES, '--set', 'engines.connector=handoff'])
     const docs = stdout.split(/^---$/m)
-    const prefill = docs.find((d) => /name: r-handoff-prefill\n/.test(d)) ?? ''
+    const prefill = docs.find((d) => /kind: Deployment/.test(d) && /name: r-handoff-prefill\n/.test(d)) ?? ''
     const kv = JSON.parse(JSON.parse(/- --kv-transfer-config\n\s+- (".*")\n/.exec(prefill)?.[1] ?? '"{}"') as string) as Record<string, unknown>
     t.match(kv, {
       kv_connector: 'HandoffNixlConnector',
@@ -300,7 +385,7 @@ t.test('engine pods in the Helm chart and the examples, against a real API serve
     const routerJson = /router\.json: \|-?\n((?: {4}.*\n?)+)/.exec(docs.find((d) => /kind: ConfigMap/.test(d) && /router\.json/.test(d)) ?? '')?.[1] ?? '{}'
     const leases = (JSON.parse(routerJson.replace(/^ {4}/gm, '')) as { leases: Record<string, unknown> }).leases
     t.same(leases, { leaseSeconds: 12, marginMs: 500 }, "the router's ledger judges 12 s leases; its other lease settings stay")
-    const prefill = docs.find((d) => /name: r-handoff-prefill\n/.test(d)) ?? ''
+    const prefill = docs.find((d) => /kind: Deployment/.test(d) && /name: r-handoff-prefill\n/.test(d)) ?? ''
     t.match(prefill, /kv_lease_duration\\":12/, "vLLM's kv_lease_duration")
     t.match(prefill, /- --lease-seconds\n\s+- "12"/, "the agent's --lease-seconds")
   })

@@ -123,6 +123,54 @@ t.test('the Helm chart against a real API server', { skip: needKube(t, { helm: t
     t.not((await podAnnotations(['--set', 'secrets.adminToken=admin-token-rotated']))['checksum/secret'], before['checksum/secret'], 'so does a new admin token')
   })
 
+  // Issue 22 defect 5: nothing kept the routers off one node.
+  t.test('routers are spread over nodes and zones', async (t) => {
+    const { stdout } = await kube.helm(['template', 'r', chart, '--show-only', 'templates/deployment.yaml', ...ADMIN])
+    t.match(stdout, /topologySpreadConstraints:\n\s+- maxSkew: 1\n\s+topologyKey: kubernetes\.io\/hostname\n\s+whenUnsatisfiable: ScheduleAnyway/, 'over nodes, never blocking scheduling')
+    t.match(stdout, /topologyKey: topology\.kubernetes\.io\/zone/, 'and zones')
+    t.match(stdout, /labelSelector:\n\s+matchLabels:\n\s+app\.kubernetes\.io\/name: handoff\n\s+app\.kubernetes\.io\/instance: r\n\s+app\.kubernetes\.io\/component: router/, 'counting this release’s routers')
+    const off = await kube.helm(['template', 'r', chart, '--show-only', 'templates/deployment.yaml', ...ADMIN, '--set', 'router.spread=false'])
+    t.notMatch(off.stdout, /topologySpreadConstraints/, 'router.spread=false: none')
+  })
+
+  // Issue 22: Redis for several routers, bundled or through Sentinel, wired to the store URL.
+  t.test('several routers on the bundled Redis or on Sentinel: accepted, and the store URL in the Secret', async (t) => {
+    const ns = 'chart-redis'
+    await kube.createNamespace(ns)
+    const file = join(dir, 'redis.yaml')
+    writeFileSync(file, (await kube.helm(['template', 'r', chart, '--namespace', ns, ...ADMIN, '--set', 'router.replicas=2', '--set', 'redis.enabled=true', '--set', 'redis.password=s3cr:t@x', '--set', 'redis.persistence.enabled=true'])).stdout)
+    const { stdout } = await kube.kubectl(['apply', '--dry-run=server', '-n', ns, '-f', file, '-o', 'json'])
+    const items = (JSON.parse(stdout) as { items?: (K8sObject & { stringData?: Record<string, string>; spec?: Record<string, unknown> })[] }).items ?? []
+    t.same(
+      items.filter((i) => i.metadata.name === 'r-handoff-redis').map((i) => i.kind).sort(),
+      ['NetworkPolicy', 'Service', 'StatefulSet'],
+      'a StatefulSet, its Service and a NetworkPolicy, accepted by the API server',
+    )
+    const secret = items.find((i) => i.kind === 'Secret')
+    const data = Object.fromEntries(Object.entries((secret as { data?: Record<string, string> })?.data ?? {}).map(([k, v]) => [k, Buffer.from(v, 'base64').toString('utf8')]))
+    t.equal(data['store-url'], 'redis://:s3cr%3At%40x@r-handoff-redis:6379', 'the routers’ store URL names it, the password URL-encoded')
+    t.equal(data['redis-password'], 's3cr:t@x', 'Redis takes the password from the Secret')
+    t.match(JSON.stringify(items.find((i) => i.kind === 'StatefulSet')), /"volumeClaimTemplates"/, 'persistence: a claim')
+    const policy = items.find((i) => i.kind === 'NetworkPolicy' && i.metadata.name === 'r-handoff-redis')
+    t.match(JSON.stringify(policy), /"app.kubernetes.io\/component":"router"/, 'only the routers reach it')
+
+    const sentinel = await kube.helm(['template', 'r', chart, '--show-only', 'templates/secret.yaml', ...ADMIN, '--set', 'router.replicas=2', '--set', 'store.sentinel.hosts={s-0.sentinel:26379,s-1.sentinel:26379}', '--set', 'store.sentinel.password=pw', '--set', 'store.sentinel.sentinelPassword=spw'])
+    const url = /store-url: "(.*)"/.exec(sentinel.stdout)?.[1] ?? ''
+    t.equal(url, 'redis+sentinel://:pw@s-0.sentinel:26379,s-1.sentinel:26379/mymaster?sentinelPassword=spw', 'Sentinel: a redis+sentinel:// URL')
+    const cfg = join(dir, 'sentinel.json')
+    writeFileSync(cfg, JSON.stringify({ port: 0 }))
+    t.match(loadConfig({ file: cfg, env: { HANDOFF_STORE: url } }), { store: { url } }, 'which the router’s config loader takes')
+  })
+
+  t.test('a ServiceMonitor on request, scraping the routers’ /metrics', async (t) => {
+    t.notMatch((await kube.helm(['template', 'r', chart, ...ADMIN])).stdout, /kind: ServiceMonitor/, 'none by default (its CRD may be missing)')
+    const { stdout } = await kube.helm(['template', 'r', chart, ...ADMIN, '--set', 'metrics.serviceMonitor.enabled=true', '--set', 'metrics.serviceMonitor.labels.release=prom'])
+    const sm = stdout.split(/^---$/m).find((d) => /kind: ServiceMonitor/.test(d)) ?? ''
+    t.match(sm, /release: prom/, 'with the labels Prometheus selects by')
+    t.match(sm, /endpoints:\n\s+- port: http\n\s+path: \/metrics/, 'the data port’s /metrics')
+    t.match(sm, /matchLabels:\n\s+app\.kubernetes\.io\/name: handoff\n\s+app\.kubernetes\.io\/instance: r\n\s+app\.kubernetes\.io\/component: router/, 'through the routers’ Service')
+  })
+
   t.test('its RBAC lets the router get, list and watch pods, and nothing else', async (t) => {
     const ns = 'chart-rbac'
     await kube.createNamespace(ns)
@@ -150,7 +198,8 @@ t.test('the Helm chart against a real API server', { skip: needKube(t, { helm: t
     t.match(await fails(['--set', 'secrets.adminToken=admin-token-for-tests']), /secrets\.drainToken is required/)
     t.match(await fails(['--set', 'secrets.adminToken=admin-token-for-tests', '--set', 'secrets.drainToken=drain-token-for-tests']), /secrets\.agentToken is required/)
     t.match(await fails(['--set', 'secrets.adminToken=admin-token-for-tests', '--set', 'secrets.agentToken=agent-token-for-tests', '--set', 'secrets.drainToken=admin-token-for-tests']), /secrets\.drainToken must differ/)
-    t.match(await fails([...ADMIN, '--set', 'router.replicas=2']), /router\.replicas > 1 needs store\.redisUrl/)
+    t.match(await fails([...ADMIN, '--set', 'router.replicas=2']), /router\.replicas > 1 needs a Redis \(store\.redisUrl, store\.sentinel or redis\.enabled\)/)
+    t.match(await fails([...ADMIN, '--set', 'redis.enabled=true', '--set', 'store.redisUrl=redis://redis:6379']), /redis\.enabled and store\.redisUrl are two stores/)
     t.match(await fails([...ADMIN, '--set', 'router.terminationGracePeriodSeconds=10']), /shutdownGraceMs plus router.preStopSleepSeconds must stay below/)
     t.equal(await fails([...ADMIN, '--set', 'router.replicas=2', '--set', 'store.redisUrl=redis://redis:6379']), '', 'two replicas on Redis render')
   })

@@ -81,6 +81,14 @@ Only equality terms of the selector (k=v, k==v) are checked.
 {{- if and (eq (toString $root.Values.engines.connector) "handoff") $root.Values.engines.agent.enabled }}
 {{- fail "engines.connector=handoff and engines.agent.enabled are two followers of the same events for one engine: pick one (vLLM engines: the connector)" }}
 {{- end }}
+{{- range $k := keys (default (dict) $e.podSpec) | sortAlpha }}
+{{- if has $k (list "containers" "initContainers" "volumes" "terminationGracePeriodSeconds" "automountServiceAccountToken" "enableServiceLinks" "imagePullSecrets" "nodeSelector" "affinity" "tolerations") }}
+{{- fail (printf "engines.%s.podSpec.%s: the chart sets it; use engines.%s's own value for it (volumes, nodeSelector, affinity, tolerations...)" $role $k $role) }}
+{{- end }}
+{{- end }}
+{{- if not (has (toString $root.Values.engines.modelCache.type) (list "" "pvc" "hostPath")) }}
+{{- fail (printf "engines.modelCache.type must be \"\", pvc or hostPath; got %q" (toString $root.Values.engines.modelCache.type)) }}
+{{- end }}
 {{- if has "--kv-transfer-config" (default (list) $e.args) }}
 {{- fail (printf "engines.%s.args must not carry --kv-transfer-config: the chart builds it from engines.kvTransferConfig, with kv_lease_duration = engines.leaseSeconds" $role) }}
 {{- end }}

@@ -29,6 +29,12 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/component: router
 {{- end }}
 
+{{- define "handoff.redisSelectorLabels" -}}
+app.kubernetes.io/name: {{ include "handoff.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: redis
+{{- end }}
+
 {{- define "handoff.serviceAccountName" -}}
 {{- if .Values.serviceAccount.create }}
 {{- default (include "handoff.fullname" .) .Values.serviceAccount.name }}
@@ -41,8 +47,40 @@ app.kubernetes.io/component: router
 {{- default (include "handoff.fullname" .) .Values.secrets.existingSecret }}
 {{- end }}
 
+{{/*
+The routers' store URL: store.sentinel when it names hosts, else the bundled Redis
+(redis.enabled), else store.redisUrl ("" : each router alone, in memory).
+*/}}
+{{- define "handoff.storeUrl" -}}
+{{- $s := .Values.store.sentinel }}
+{{- if $s.hosts }}
+{{- $auth := ternary (printf ":%s@" (urlquery $s.password)) "" (ne $s.password "") }}
+{{- $q := ternary (printf "?sentinelPassword=%s" (urlquery $s.sentinelPassword)) "" (ne $s.sentinelPassword "") }}
+{{- printf "%s://%s%s/%s%s" (ternary "rediss+sentinel" "redis+sentinel" $s.tls) $auth (join "," $s.hosts) (required "store.sentinel.masterName is required with store.sentinel.hosts" $s.masterName) $q }}
+{{- else if .Values.redis.enabled }}
+{{- $auth := ternary (printf ":%s@" (urlquery .Values.redis.password)) "" (ne .Values.redis.password "") }}
+{{- printf "redis://%s%s-redis:6379" $auth (include "handoff.fullname" .) }}
+{{- else }}
+{{- .Values.store.redisUrl }}
+{{- end }}
+{{- end }}
+
 {{- define "handoff.discoveryNamespace" -}}
 {{- default .Release.Namespace .Values.discovery.namespace }}
+{{- end }}
+
+{{/*
+A role's selector as the router uses it; context: dict "root" $ "selector" "k=v,...".
+With discovery.scopeToRelease it also asks for handoff.dev/release=<release>, unless the
+selector already names that label: two releases in one namespace must not route to each
+other's engines.
+*/}}
+{{- define "handoff.discoverySelector" -}}
+{{- if and .root.Values.discovery.scopeToRelease (not (contains "handoff.dev/release" .selector)) }}
+{{- printf "%s,handoff.dev/release=%s" .selector .root.Release.Name }}
+{{- else }}
+{{- .selector }}
+{{- end }}
 {{- end }}
 
 {{/*
@@ -69,7 +107,7 @@ hold is merely cautious, a longer one hands D blocks the prefiller already freed
 {{- $d := dict "kind" "kubernetes" "namespace" (include "handoff.discoveryNamespace" .) }}
 {{- range $role := list "prefill" "decode" "both" }}
 {{- with index $.Values.discovery $role }}
-{{- $_ := set $d $role (dict "selector" .selector "port" (int .port)) }}
+{{- $_ := set $d $role (dict "selector" (include "handoff.discoverySelector" (dict "root" $ "selector" .selector)) "port" (int .port)) }}
 {{- end }}
 {{- end }}
 {{- $_ := set $cfg "discovery" $d }}

@@ -78,9 +78,11 @@ LABEL org.opencontainers.image.title="handoff" \
 
 # libssl3: libnixl.so links NIXL's bundled gRPC/etcd client, which needs the system OpenSSL 3
 # (the wheel leaves libssl/libcrypto out). The slim base keeps only what Node itself links
-# (libstdc++6, libgcc-s1); the addon and NIXL need nothing else from the system.
+# (libstdc++6, libgcc-s1); the addon and NIXL need nothing else from the system. python3: the
+# preStop drain (files/prestop-drain.py) of the chart's engine pods when they run the
+# simulator from this image (engines.simulator).
 RUN apt-get update \
- && apt-get install -y --no-install-recommends libssl3 \
+ && apt-get install -y --no-install-recommends libssl3 python3 \
  && rm -rf /var/lib/apt/lists/* \
  && groupadd --system --gid 10001 handoff \
  && useradd --system --uid 10001 --gid 10001 --home-dir /nonexistent --no-create-home \

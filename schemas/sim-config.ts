@@ -32,10 +32,11 @@ export const SimConfig = Type.Object(
     defaultMaxTokens: Type.Integer({ minimum: 1, default: 16 }),
     prefillDelayMs: Type.Number({ minimum: 0, default: 0 }),
     decodeDelayMs: Type.Number({ minimum: 0, default: 0 }),
-    // A decode leg waits this long before it loads its KV (`--kv agent`), as a busy vLLM
-    // decoder queues a request (WAITING_FOR_REMOTE_KVS). Meanwhile it tells its agent it will
-    // pull (every lease/6, as vLLM's scheduler heartbeats such a request), unless
-    // skipPullExpectations: then the wait gets no heartbeat credit (before issue 17 item 4).
+    // A decode leg waits this long before it loads its KV, as a busy vLLM decoder queues a
+    // request (WAITING_FOR_REMOTE_KVS); with `--kv none` before it computes the KV itself.
+    // With `--kv agent` it tells its agent meanwhile it will pull (every lease/6, as vLLM's
+    // scheduler heartbeats such a request), unless skipPullExpectations: then the wait gets
+    // no heartbeat credit (before issue 17 item 4).
     decodeQueueMs: Type.Number({ minimum: 0, default: 0 }),
     skipPullExpectations: Type.Boolean({ default: false }),
     // Advertised as remote_host/remote_port (vLLM: VLLM_NIXL_SIDE_CHANNEL_HOST/PORT).

@@ -5,11 +5,14 @@
 #   kube-apiserver  built from the k8s.io/kubernetes module source through the Go module proxy
 #   kubectl         built from the same tree (Debian's kubectl 1.20 lacks --subresource)
 #   helm            helm.sh/helm/v3 through the Go module proxy
+#   kubelet, kube-controller-manager, kube-scheduler, kube-proxy (with --node): the rest of a
+#                   single-node cluster (scripts/k8s-node.sh), from the same tree
 # The binaries land in .cache/k8s/<KUBE_VERSION>/; a second run with them present is instant.
 # Progress goes to stderr; the last line on stdout is that folder.
 #
 #   scripts/k8s-tools.sh            everything above
 #   scripts/k8s-tools.sh --no-helm  skip helm
+#   scripts/k8s-tools.sh --node     also the node's binaries
 #
 # `go install k8s.io/kubernetes/cmd/kube-apiserver@vX` refuses: the module's go.mod replaces
 # its 31 staging modules (k8s.io/api, k8s.io/apiserver, ...) with ./staging paths, which the
@@ -20,10 +23,12 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 # shellcheck source=scripts/k8s-versions
 . "$root/scripts/k8s-versions"
 want_helm=1
+want_node=0
 for arg in "$@"; do
   case "$arg" in
     --no-helm) want_helm=0 ;;
-    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+    --node) want_node=1 ;;
+    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
     *) echo "k8s-tools: unknown argument $arg" >&2; exit 2 ;;
   esac
 done
@@ -60,9 +65,17 @@ export CGO_ENABLED=0 GOTOOLCHAIN=local GOFLAGS="-p=2 -mod=mod"
 # have BIN VERSION ARGS...: BIN exists and its version output names VERSION (else rebuilt).
 have() { [ -x "$out/$1" ] && "$out/$1" "${@:3}" 2>/dev/null | grep -qF -- "$2"; }
 
-# --- kube-apiserver and kubectl ----------------------------------------------------------
-if have kube-apiserver "$KUBE_VERSION" --version && have kubectl "$KUBE_VERSION" version --client; then
-  say "kube-apiserver, kubectl $KUBE_VERSION: cached in $out"
+# --- Kubernetes binaries -----------------------------------------------------------------
+# kube-apiserver and kubectl always; with --node the rest of a single-node cluster.
+cmds="kube-apiserver kubectl"
+[ "$want_node" = 1 ] && cmds+=" kubelet kube-controller-manager kube-scheduler kube-proxy"
+missing=""
+for cmd in $cmds; do
+  if [ "$cmd" = kubectl ]; then have kubectl "$KUBE_VERSION" version --client || missing+=" $cmd"
+  else have "$cmd" "$KUBE_VERSION" --version || missing+=" $cmd"; fi
+done
+if [ -z "$missing" ]; then
+  say "$cmds $KUBE_VERSION: cached in $out"
 else
   staging=v0.${KUBE_VERSION#v1.}
   src="$work/kubernetes-$KUBE_VERSION"
@@ -98,10 +111,11 @@ else
     ldflags+=" -X $p.gitVersion=$KUBE_VERSION -X $p.gitMajor=1 -X $p.gitMinor=$minor"
     ldflags+=" -X $p.gitTreeState=clean -X $p.buildDate=1970-01-01T00:00:00Z"
   done
-  for cmd in kube-apiserver kubectl; do
+  for cmd in $missing; do
     t0=$(date +%s)
     # Measured on 2 shared cores: kube-apiserver 5-8 min and kubectl 1.5 min from empty Go
-    # caches, about 10 s with Go's build cache warm.
+    # caches, about 10 s with Go's build cache warm; with it warm, kubelet 103 s,
+    # kube-controller-manager 51 s, kube-proxy 16 s, kube-scheduler 8 s.
     say "$cmd $KUBE_VERSION: go build (minutes the first time)"
     (cd "$src" && nice -n 19 "$go" build -trimpath -ldflags "$ldflags" -o "$out/$cmd.tmp" "./cmd/$cmd") \
       || die "go build ./cmd/$cmd failed"

@@ -151,6 +151,8 @@ export class SimEngine {
         } else {
           // `--kv none`: the blocks are not read; D computes the same KV itself, so the
           // text equals the oracle's, without paying the prefill delay a real D skips too.
+          // A busy decoder still queues the request first.
+          await sleep(o.clock, o.decodeQueueMs ?? 0, req.signal)
           outputTokens = this.#computeLocally(tokens, maxTokens)
           mode = 'remote-decode'
         }

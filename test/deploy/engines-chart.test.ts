@@ -335,6 +335,23 @@ t.test('engine pods in the Helm chart and the examples, against a real API serve
     t.match(await fails(['--set', 'engines.modelCache.type=pvc']), /engines\.modelCache\.claimName is required/)
   })
 
+  t.test('engines.simulator: the handoff image’s simulator in place of vLLM, with the same wiring; accepted', async (t) => {
+    const ns = 'engines-sim'
+    await kube.createNamespace(ns)
+    const items = await applyDryRun(kube, ns, await template('r', ns, [...ENGINES, '--set', 'engines.simulator.enabled=true', '--set', 'engines.simulator.args={--decode-queue-ms,500}']))
+    const tpl = items.find((i) => i.kind === 'Deployment' && i.metadata.name === 'r-handoff-decode')?.spec?.template
+    const sim = tpl?.spec.containers[0]
+    t.match(sim, { name: 'sim', image: 'handoff:0.1.0', command: ['node', 'dist/cli/main.js', 'sim'] }, 'the simulator from the handoff image')
+    t.same(sim?.args, ['--role', 'decode', '--host', '0.0.0.0', '--port', '8000', '--model', 'Qwen/Qwen3-0.6B', '--lease-seconds', '30', '--side-channel-host', '$(VLLM_NIXL_SIDE_CHANNEL_HOST)', '--side-channel-port', '5600', '--decode-queue-ms', '500'])
+    t.same(preStop(sim).slice(0, 2), ['python3', '/etc/handoff-drain/prestop-drain.py'], 'the same preStop drain')
+    t.match(sim?.readinessProbe, { httpGet: { path: '/health' } }, 'the same probes')
+    const fails = await kube.helm(['template', 'r', chart, ...ENGINES, ...AGENT, '--set', 'engines.simulator.enabled=true']).then(
+      () => '',
+      (e: { stderr?: string }) => e.stderr ?? '',
+    )
+    t.match(fails, /engines\.simulator with engines\.agent\.enabled is not wired/)
+  })
+
   t.test('bad engine values fail at render time with the reason', async (t) => {
     const fails = async (args: string[]): Promise<string> =>
       kube.helm(['template', 'r', chart, ...ENGINES, ...args]).then(

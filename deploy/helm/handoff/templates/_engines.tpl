@@ -86,6 +86,9 @@ Only equality terms of the selector (k=v, k==v) are checked.
 {{- fail (printf "engines.%s.podSpec.%s: the chart sets it; use engines.%s's own value for it (volumes, nodeSelector, affinity, tolerations...)" $role $k $role) }}
 {{- end }}
 {{- end }}
+{{- if and $root.Values.engines.simulator.enabled $root.Values.engines.agent.enabled }}
+{{- fail "engines.simulator with engines.agent.enabled is not wired: the simulator moves no KV through an agent in a pod (run it without the agent)" }}
+{{- end }}
 {{- if not (has (toString $root.Values.engines.modelCache.type) (list "" "pvc" "hostPath")) }}
 {{- fail (printf "engines.modelCache.type must be \"\", pvc or hostPath; got %q" (toString $root.Values.engines.modelCache.type)) }}
 {{- end }}

@@ -8,7 +8,7 @@ import { buildApp } from '../router/src/app.js'
 import { MemoryLeaseLedger } from '../router/src/leases/memory-ledger.js'
 import { loadConfig } from '../router/src/config.js'
 import { TopologyRegistry } from '../router/src/topology/registry.js'
-import { selectRoute } from '../router/src/topology/selection.js'
+import { selectRoute, type Selection } from '../router/src/topology/selection.js'
 import type { InstanceConfig, RouterConfig } from '../schemas/router-config.js'
 
 /*
@@ -99,23 +99,42 @@ async function fanOut(agents: number, rounds: number): Promise<string> {
   }
 }
 
-function selection(instances: number, iterations: number): string {
+/**
+ * One pick as a request makes it (issue 23 item 3): select, take the slots, give them back
+ * (each of which changes the topology, as in the router), at `instances` instances, half
+ * prefillers, in 10 transfer groups. The scan (`selectRoute` over a fresh snapshot, what every
+ * pick did before the candidate lists) and the registry's own `select`, in the same run.
+ */
+function selection(instances: number, quick: boolean): string[] {
   const configs: InstanceConfig[] = []
-  for (let i = 0; i < instances; i++) configs.push({ id: `i${i}`, role: i % 2 === 0 ? 'prefill' : 'decode', url: `http://10.0.${i >> 8}.${i & 255}:8000`, labels: { transfer_group: `g${Math.floor(i / 2) % 10}` } })
-  const clock = new ManualClock()
-  const registry = new TopologyRegistry({ clock, policy: { unhealthyThreshold: 3, baseEjectionMs: 5000, maxEjectionMs: 120000 }, instances: configs })
-  const random = seededRandom(1)
+  for (let i = 0; i < instances; i++) configs.push({ id: `i${i}`, role: i % 2 === 0 ? 'prefill' : 'decode', url: `http://10.${i >> 16}.${(i >> 8) & 255}.${i & 255}:8000`, labels: { transfer_group: `g${Math.floor(i / 2) % 10}` } })
   const rows: string[] = []
   for (const mode of ['all', 'label'] as const) {
     const pairing = { mode, label: 'transfer_group' }
-    const snap = registry.snapshot()
-    for (let i = 0; i < 1000; i++) selectRoute(snap, 'handoff/sim-1', pairing, random, { cap: 256 })
-    const start = process.hrtime.bigint()
-    for (let i = 0; i < iterations; i++) selectRoute(registry.snapshot(), 'handoff/sim-1', pairing, random, { cap: 256 })
-    const us = Number(process.hrtime.bigint() - start) / 1000 / iterations
-    rows.push(`| ${instances} | ${mode} | ${iterations} | ${us.toFixed(1)} |`)
+    const registry = new TopologyRegistry({ clock: new ManualClock(), policy: { unhealthyThreshold: 3, baseEjectionMs: 5000, maxEjectionMs: 120000 }, instances: configs, pairing, cap: 256 })
+    const random = seededRandom(1)
+    const limits = { cap: 256 }
+    const cycle = (sel: Selection | undefined): void => {
+      if (sel?.mode !== 'pd') throw new Error(`bench: no P/D route (${sel?.mode})`)
+      registry.acquire(sel.prefill.id)
+      registry.acquire(sel.decode.id)
+      registry.release(sel.prefill.id)
+      registry.release(sel.decode.id)
+    }
+    // Warmed up (the JIT), then timed; the scan gets fewer rounds, in proportion to its cost.
+    const time = (pick: () => Selection | undefined, rounds: number): number => {
+      for (let i = 0; i < rounds / 4; i++) cycle(pick())
+      const start = process.hrtime.bigint()
+      for (let i = 0; i < rounds; i++) cycle(pick())
+      return Number(process.hrtime.bigint() - start) / 1000 / rounds
+    }
+    const scale = quick ? 0.1 : 1
+    const scan = time(() => selectRoute(registry.snapshot(), 'handoff/sim-1', pairing, random, limits), Math.ceil(scale * Math.max(200, Math.min(20_000, 4_000_000 / instances))))
+    const lists = time(() => registry.select('handoff/sim-1', random, limits), Math.ceil(scale * 100_000))
+    if (registry.selectionScans !== 0) throw new Error(`bench: ${registry.selectionScans} picks fell back to the scan`)
+    rows.push(`| ${instances.toLocaleString('en-US')} | ${mode} | ${scan.toFixed(2)} | ${lists.toFixed(2)} | ${(scan / lists).toFixed(1)}x |`)
   }
-  return rows.join('\n')
+  return rows
 }
 
 /** Heap bytes per unread lease with `count` of them held (a forced GC before each reading). */
@@ -149,7 +168,7 @@ function ledgerMemory(count: number): string {
 export async function runEventsBench(argv: string[]): Promise<void> {
   const { values } = parseArgs({ args: argv, options: { quick: { type: 'boolean' }, help: { type: 'boolean' } } })
   if (values.help) {
-    process.stdout.write('usage: handoff bench events [--quick]\n\nEvent fan-out latency to 1, 10 and 100 agent streams, and pair selection time over 1,000 instances.\n')
+    process.stdout.write('usage: handoff bench events [--quick]\n\nEvent fan-out latency to 1, 10 and 100 agent streams, and pair selection time at 10, 1,000 and 10,000 instances.\n')
     return
   }
   const rounds = values.quick ? 20 : 200
@@ -158,8 +177,11 @@ export async function runEventsBench(argv: string[]): Promise<void> {
     process.stderr.write(`fan-out to ${n} agent stream(s)…\n`)
     lines.push(await fanOut(n, rounds))
   }
-  lines.push('', '| instances | pairing | selections | µs per selection (snapshot + selectRoute) |', '| ---: | --- | ---: | ---: |')
-  lines.push(selection(1000, values.quick ? 200 : 5000))
+  lines.push('', '| instances | pairing | µs per pick, scan (snapshot + selectRoute) | µs per pick, candidate lists | faster |', '| ---: | --- | ---: | ---: | ---: |')
+  for (const n of [10, 1000, 10_000]) {
+    process.stderr.write(`selection at ${n} instances…\n`)
+    lines.push(...selection(n, values.quick === true))
+  }
   lines.push('', '| unread leases | heap MiB | bytes per lease |', '| ---: | ---: | ---: |')
   lines.push(ledgerMemory(values.quick ? 10_000 : 100_000))
   process.stdout.write(lines.join('\n') + '\n')

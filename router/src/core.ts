@@ -58,7 +58,7 @@ export interface CoreOptions {
 
 export async function openCore(config: RouterConfig, opts: CoreOptions): Promise<RouterCore> {
   const { clock, random, log } = opts
-  const registry = new TopologyRegistry({ clock, policy: config.health, instances: config.instances })
+  const registry = new TopologyRegistry({ clock, policy: config.health, instances: config.instances, pairing: config.pairing, cap: config.limits.maxInflightPerInstance })
   const metrics = createRouterMetrics()
   const agents = new AgentDirectory({ clock })
   let agentStreams: AgentStreams = { endAll: (): void => {}, unsent: (): number => 0 }
@@ -123,7 +123,6 @@ export async function openCore(config: RouterConfig, opts: CoreOptions): Promise
     registry,
     clock,
     random,
-    pairing: config.pairing,
     cap: config.limits.maxInflightPerInstance,
     ...config.admission,
     metrics: { queueDepth: metrics.queueDepth, queueWait: metrics.queueWait },

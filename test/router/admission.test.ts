@@ -18,7 +18,6 @@ function setup(opts: { cap?: number; queueLength?: number; queueTimeoutMs?: numb
     registry,
     clock,
     random: seededRandom(1),
-    pairing: { mode: 'all', label: 'transfer_group' },
     cap: opts.cap ?? 1,
     queueLength: opts.queueLength ?? 2,
     queueTimeoutMs: opts.queueTimeoutMs ?? 1000,

@@ -3,21 +3,20 @@ import type { Clock, ClockTimer } from '../../../common/clock.js'
 import type { Random } from '../../../common/random.js'
 import { RTR_ERR_MODEL_NOT_FOUND, RTR_ERR_NO_INSTANCE, RTR_ERR_OVERLOADED } from '../errors.js'
 import type { InstanceView, TopologyRegistry } from '../topology/registry.js'
-import { selectDecoder, selectRoute, type PairingPolicy, type Route } from '../topology/selection.js'
+import type { Route } from '../topology/selection.js'
 
 export interface AdmissionOptions {
   registry: TopologyRegistry
   clock: Clock
   random: Random
-  pairing: PairingPolicy
-  /** Requests in flight per instance. */
+  /** Requests in flight per instance (the registry's candidate lists are filed by the same cap). */
   cap: number
   queueLength: number
   queueTimeoutMs: number
   retryAfterSeconds: number
   metrics: { queueDepth: Gauge; queueWait: Histogram }
   /** Pair circuit breakers (topology/pair-breakers.ts): resting pairs are skipped. */
-  pairs?: { blocked(prefill: string, decode: string): boolean; chosen(prefill: string, decode: string): void }
+  pairs?: { readonly anyTripped: boolean; blocked(prefill: string, decode: string): boolean; chosen(prefill: string, decode: string): void }
 }
 
 /** Who is asking: the signal ends a wait when the client leaves; `mode` is told the route's mode. */
@@ -66,8 +65,7 @@ export class Admission {
    * or with the signal's reason when the client leaves while queued.
    */
   admit(req: AdmissionRequest): Promise<Route> {
-    const snapshot = this.#o.registry.snapshot()
-    if (snapshot.models.size > 0 && !snapshot.models.has(req.model)) return Promise.reject(new RTR_ERR_MODEL_NOT_FOUND(req.model))
+    if (this.#o.registry.unknownModel(req.model)) return Promise.reject(new RTR_ERR_MODEL_NOT_FOUND(req.model))
     const now = this.#tryAcquire(req)
     if (now instanceof Error) return Promise.reject(now)
     if (now) return Promise.resolve(now)
@@ -95,8 +93,8 @@ export class Admission {
 
   /** A decoder with a free slot for P's params after `exclude` refused them (acquired), if any. */
   retryDecoder(prefill: InstanceView, model: string, exclude: ReadonlySet<string>): InstanceView | undefined {
-    const { registry, pairing, random, cap } = this.#o
-    const d = selectDecoder(registry.snapshot(), prefill, model, pairing, random, { cap, exclude, ...this.#blocked() })
+    const { registry, random, cap } = this.#o
+    const d = registry.selectDecoder(prefill, model, random, { cap, exclude, ...this.#blocked() })
     if (d) {
       registry.acquire(d.id)
       this.#o.pairs?.chosen(prefill.id, d.id)
@@ -109,8 +107,8 @@ export class Admission {
    * without queueing: a retry never waits and never changes how a request is served.
    */
   retryRoute<M extends Route['mode']>(model: string, exclude: ReadonlySet<string>, mode: M): (Route & { mode: M }) | undefined {
-    const { registry, pairing, random, cap } = this.#o
-    const sel = selectRoute(registry.snapshot(), model, pairing, random, { cap, exclude, ...this.#blocked() })
+    const { registry, random, cap } = this.#o
+    const sel = registry.select(model, random, { cap, exclude, ...this.#blocked() })
     if (!sel || sel.mode !== mode) return undefined
     this.#acquire(sel)
     return sel as Route & { mode: M }
@@ -128,8 +126,8 @@ export class Admission {
 
   /** A route with acquired slots; undefined when all are full; an error when none can serve. */
   #tryAcquire(req: AdmissionRequest): Route | Error | undefined {
-    const { registry, pairing, random, cap } = this.#o
-    const sel = selectRoute(registry.snapshot(), req.model, pairing, random, { cap, ...this.#blocked() })
+    const { registry, random, cap } = this.#o
+    const sel = registry.select(req.model, random, { cap, ...this.#blocked() })
     if (!sel) return new RTR_ERR_NO_INSTANCE(req.model)
     req.onMode(sel.mode === 'full' ? sel.of : sel.mode)
     if (sel.mode === 'full') return undefined
@@ -139,7 +137,7 @@ export class Admission {
 
   #blocked(): { blocked?: (prefill: string, decode: string) => boolean } {
     const pairs = this.#o.pairs
-    return pairs ? { blocked: (p, d) => pairs.blocked(p, d) } : {}
+    return pairs?.anyTripped ? { blocked: (p, d) => pairs.blocked(p, d) } : {}
   }
 
   #acquire(route: Route): void {

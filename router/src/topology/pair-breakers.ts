@@ -37,6 +37,8 @@ export class PairBreakers {
   readonly #clock: Clock
   readonly #policy: PairBreakerPolicy
   readonly #pairs = new Map<string, Pair>()
+  /** Pairs that opened and have not closed since (open or half-open). */
+  #tripped = 0
   readonly #onOpen: ((prefill: string, decode: string) => void) | undefined
 
   constructor(opts: { clock: Clock; policy: PairBreakerPolicy; onOpen?: (prefill: string, decode: string) => void }) {
@@ -74,13 +76,25 @@ export class PairBreakers {
     p.trial = false
     if (wasTrial) p.openMs = Math.min(p.openMs * 2, this.#policy.maxOpenMs)
     if (wasTrial || p.failures >= this.#policy.failureThreshold) {
+      if (p.openUntil === 0) this.#tripped++
       p.openUntil = this.#clock.monotonic() + p.openMs
       this.#onOpen?.(prefill, decode)
     }
   }
 
   recordSuccess(prefill: string, decode: string): void {
-    this.#pairs.delete(key(prefill, decode))
+    this.#delete(key(prefill, decode))
+  }
+
+  /** Whether any pair is open or half-open: selection need not ask about each pair otherwise. */
+  get anyTripped(): boolean {
+    return this.#tripped > 0
+  }
+
+  #delete(k: string): void {
+    const p = this.#pairs.get(k)
+    if (p && p.openUntil !== 0) this.#tripped--
+    this.#pairs.delete(k)
   }
 
   /** Pairs that are not closed (for GET /topology and metrics). */
@@ -100,7 +114,7 @@ export class PairBreakers {
   forget(instanceId: string): void {
     for (const k of [...this.#pairs.keys()]) {
       const [p, d] = k.split('\u0000')
-      if (p === instanceId || d === instanceId) this.#pairs.delete(k)
+      if (p === instanceId || d === instanceId) this.#delete(k)
     }
   }
 }

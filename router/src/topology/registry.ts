@@ -1,5 +1,8 @@
 import type { Clock } from '../../../common/clock.js'
+import type { Random } from '../../../common/random.js'
 import type { InstanceConfig, InstanceRole } from '../../../schemas/router-config.js'
+import { CandidateIndex, type Candidate, type Pick } from './candidates.js'
+import { selectDecoder, selectRoute, type PairingPolicy, type PickLimits, type Selection } from './selection.js'
 
 /**
  * Health policy. `unhealthyThreshold` consecutive failed probes mark an instance down, and as
@@ -100,20 +103,108 @@ function eligible(s: InstanceState, now: number): boolean {
 
 /**
  * The one owner of instance state. Active probes and passive request outcomes both report
- * here; selection works on `snapshot()`, a frozen copy, so it stays a pure function.
+ * here. Selection (`select`, `selectDecoder`) draws from candidate lists kept up to date with
+ * every change (candidates.ts), and falls back to `selectRoute`, a pure function, over
+ * `snapshot()`, a frozen copy, where those lists cannot answer exactly.
  */
 export class TopologyRegistry {
   readonly #clock: Clock
   readonly #policy: HealthPolicy
   readonly #instances = new Map<string, InstanceState>()
   readonly #listeners = new Set<TopologyListener>()
+  readonly #pairing: PairingPolicy
+  readonly #index: CandidateIndex
+  /** Instances whose ejection has not expired yet: eligible again once it has, with no event. */
+  readonly #ejected = new Set<InstanceState>()
+  #nextThaw = Number.POSITIVE_INFINITY
+  /** How many instances list each model (every instance, eligible or not). */
+  readonly #models = new Map<string, number>()
+  #scans = 0
   #snapshot: TopologySnapshot | undefined
 
-  constructor(opts: { clock: Clock; policy: HealthPolicy; instances: readonly InstanceConfig[] }) {
+  constructor(opts: { clock: Clock; policy: HealthPolicy; instances: readonly InstanceConfig[]; pairing?: PairingPolicy; cap?: number }) {
     if (opts.policy.unhealthyThreshold < 1) throw new RangeError('unhealthyThreshold must be >= 1')
     this.#clock = opts.clock
     this.#policy = opts.policy
+    this.#pairing = opts.pairing ?? { mode: 'all', label: 'transfer_group' }
+    this.#index = new CandidateIndex(this.#pairing, opts.cap ?? Number.POSITIVE_INFINITY)
     for (const cfg of opts.instances) this.#add(cfg, 'config')
+  }
+
+  /**
+   * Where a request for `model` goes, with the registry's pairing policy: `selectRoute`'s
+   * answer (see there), in O(pairing groups) where the candidate lists can answer exactly.
+   */
+  select(model: string, random: Random, limits: PickLimits): Selection | undefined {
+    this.#thaw()
+    const pick = this.#index.pick(model, random, limits)
+    if (pick === null) {
+      this.#scans++
+      return selectRoute(this.snapshot(), model, this.#pairing, random, limits)
+    }
+    return pick && this.#route(pick)
+  }
+
+  /** Picks the candidate lists could not answer, which scanned the whole topology instead. */
+  get selectionScans(): number {
+    return this.#scans
+  }
+
+  /** `selectDecoder`'s answer: another decoder for P's params. */
+  selectDecoder(prefill: InstanceView, model: string, random: Random, limits: PickLimits): InstanceView | undefined {
+    this.#thaw()
+    const p = this.#instances.get(prefill.id)
+    const d = p ? this.#index.pickDecoder(p, model, random, limits) : null
+    if (d === null) {
+      this.#scans++
+      return selectDecoder(this.snapshot(), prefill, model, this.#pairing, random, limits)
+    }
+    return d && this.#view(d as InstanceState, this.#clock.monotonic())
+  }
+
+  /** Whether instances listed their models and none lists `model` (RTR_ERR_MODEL_NOT_FOUND). */
+  unknownModel(model: string): boolean {
+    return this.#models.size > 0 && !this.#models.has(model)
+  }
+
+  #route(pick: Pick<Candidate>): Selection {
+    const now = this.#clock.monotonic()
+    if (pick.mode === 'pd') return { mode: 'pd', prefill: this.#view(pick.prefill as InstanceState, now), decode: this.#view(pick.decode as InstanceState, now) }
+    if (pick.mode === 'single') return { mode: 'single', target: this.#view(pick.target as InstanceState, now) }
+    return pick
+  }
+
+  /** Re-files `s` in the candidate lists after a change to anything selection reads. */
+  #refile(s: InstanceState): void {
+    const now = this.#clock.monotonic()
+    const present = this.#instances.get(s.id) === s
+    if (present && s.ejectedUntil > now) {
+      this.#ejected.add(s)
+      this.#nextThaw = Math.min(this.#nextThaw, s.ejectedUntil)
+    } else this.#ejected.delete(s)
+    if (present) this.#index.file(s, eligible(s, now))
+    else this.#index.remove(s)
+  }
+
+  /** Ejections that expired since: those instances are candidates again. */
+  #thaw(): void {
+    const now = this.#clock.monotonic()
+    if (now < this.#nextThaw) return
+    this.#nextThaw = Number.POSITIVE_INFINITY
+    for (const s of [...this.#ejected]) {
+      if (s.ejectedUntil <= now) this.#refile(s)
+      else this.#nextThaw = Math.min(this.#nextThaw, s.ejectedUntil)
+    }
+  }
+
+  #setModels(s: InstanceState, models: ReadonlySet<string> | undefined): void {
+    for (const m of s.models ?? []) {
+      const n = (this.#models.get(m) ?? 1) - 1
+      if (n === 0) this.#models.delete(m)
+      else this.#models.set(m, n)
+    }
+    s.models = models
+    for (const m of models ?? []) this.#models.set(m, (this.#models.get(m) ?? 0) + 1)
   }
 
   has(id: string): boolean {
@@ -138,13 +229,15 @@ export class TopologyRegistry {
     const s = this.#instances.get(id)
     if (!s) return false
     this.#instances.delete(id)
+    this.#refile(s)
+    this.#setModels(s, undefined)
     this.#emit({ type: 'removed', instanceId: id, role: s.role })
     return true
   }
 
   #add(cfg: InstanceConfig, source: InstanceSource): void {
     if (this.#instances.has(cfg.id)) throw new Error(`duplicate instance id ${cfg.id}`)
-    this.#instances.set(cfg.id, {
+    const s: InstanceState = {
       id: cfg.id,
       role: cfg.role,
       source,
@@ -160,7 +253,9 @@ export class TopologyRegistry {
       draining: false,
       inflight: 0,
       models: undefined,
-    })
+    }
+    this.#instances.set(cfg.id, s)
+    this.#refile(s)
     this.#snapshot = undefined
   }
 
@@ -189,7 +284,9 @@ export class TopologyRegistry {
 
   /** Work dispatched to / finished on an instance (outstanding requests, for least-loaded picks). */
   acquire(id: string): void {
-    this.#get(id).inflight++
+    const s = this.#get(id)
+    s.inflight++
+    this.#refile(s)
     this.#snapshot = undefined
   }
 
@@ -198,6 +295,7 @@ export class TopologyRegistry {
     const s = this.#instances.get(id)
     if (!s) return
     s.inflight = Math.max(0, s.inflight - 1)
+    this.#refile(s)
     this.#emit({ type: 'released', instanceId: id })
     if (s.draining && s.inflight === 0) this.#emit({ type: 'drained', instanceId: id })
   }
@@ -225,6 +323,7 @@ export class TopologyRegistry {
     s.ejections++
     s.ejectedUntil = now + ms
     s.consecutiveFailures = 0
+    this.#refile(s)
     this.#emit({ type: 'ejected', instanceId: id, forMs: ms })
   }
 
@@ -246,9 +345,10 @@ export class TopologyRegistry {
       s.probeRefusals = 0
       s.consecutiveFailures = 0
       s.ejectedUntil = 0
-      if (models) s.models = new Set(models)
+      if (models) this.#setModels(s, new Set(models))
       const changed = s.probedUp !== true
       s.probedUp = true
+      this.#refile(s)
       this.#snapshot = undefined
       if (changed || !wasEligible) this.#emit({ type: 'up', instanceId: id })
       return
@@ -258,6 +358,7 @@ export class TopologyRegistry {
     const down = s.probedUp !== false && (s.probedUp !== true || s.probeFailures >= this.#policy.unhealthyThreshold)
     if (down) {
       s.probedUp = false
+      this.#refile(s)
       this.#emit({ type: 'down', instanceId: id })
     }
     // After `down`, so a listener sees it out of routing already; once per streak.
@@ -271,11 +372,13 @@ export class TopologyRegistry {
   applyVerdict(id: string, up: boolean, models?: readonly string[]): void {
     const s = this.#instances.get(id)
     if (!s) return
-    if (models) s.models = new Set(models)
+    if (models) this.#setModels(s, new Set(models))
     if (!up) {
+      this.#refile(s)
       this.#snapshot = undefined
       if (s.probedUp === false) return
       s.probedUp = false
+      this.#refile(s)
       this.#emit({ type: 'down', instanceId: id })
       return
     }
@@ -284,6 +387,7 @@ export class TopologyRegistry {
     s.ejectedUntil = 0
     const changed = s.probedUp !== true
     s.probedUp = true
+    this.#refile(s)
     this.#snapshot = undefined
     if (changed || !wasEligible) this.#emit({ type: 'up', instanceId: id })
   }
@@ -312,6 +416,7 @@ export class TopologyRegistry {
     const s = this.#get(id)
     if (s.draining) return
     s.draining = true
+    this.#refile(s)
     this.#emit({ type: 'draining', instanceId: id })
     if (s.inflight === 0) this.#emit({ type: 'drained', instanceId: id })
   }
@@ -353,26 +458,28 @@ export class TopologyRegistry {
     const instances: InstanceView[] = []
     for (const s of this.#instances.values()) {
       if (s.models) for (const m of s.models) models.add(m)
-      instances.push(
-        Object.freeze({
-          id: s.id,
-          role: s.role,
-          source: s.source,
-          url: s.url,
-          labels: s.labels,
-          engineId: s.engineId,
-          healthy: eligible(s, now),
-          draining: s.draining,
-          inflight: s.inflight,
-          models: s.models,
-        }),
-      )
+      instances.push(this.#view(s, now))
     }
     const snap: TopologySnapshot = Object.freeze({ instances: Object.freeze(instances), models })
     // Cache only while no ejection is pending expiry; otherwise rebuild each time.
     const pending = [...this.#instances.values()].some((s) => s.ejectedUntil > now)
     if (!pending) this.#snapshot = snap
     return snap
+  }
+
+  #view(s: InstanceState, now: number): InstanceView {
+    return Object.freeze({
+      id: s.id,
+      role: s.role,
+      source: s.source,
+      url: s.url,
+      labels: s.labels,
+      engineId: s.engineId,
+      healthy: eligible(s, now),
+      draining: s.draining,
+      inflight: s.inflight,
+      models: s.models,
+    })
   }
 
   #get(id: string): InstanceState {

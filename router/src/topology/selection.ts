@@ -23,13 +23,13 @@ export function paired(p: InstanceView, d: InstanceView, policy: PairingPolicy):
 }
 
 /** Power of two choices on outstanding work: two random candidates, the less loaded wins. */
-export function pickLeastLoaded(candidates: readonly InstanceView[], random: Random): InstanceView | undefined {
+export function pickLeastLoaded<T extends { readonly inflight: number }>(candidates: readonly T[], random: Random): T | undefined {
   if (candidates.length <= 1) return candidates[0]
   const i = Math.floor(random.next() * candidates.length)
   let j = Math.floor(random.next() * (candidates.length - 1))
   if (j >= i) j++
-  const a = candidates[i] as InstanceView
-  const b = candidates[j] as InstanceView
+  const a = candidates[i] as T
+  const b = candidates[j] as T
   return b.inflight < a.inflight ? b : a
 }
 

@@ -7,17 +7,22 @@ import { decodeBody, prefillBody } from '../router/src/proxy/legs.js'
 import { closedLoop, mean, mergeLoads, percentile, positiveList, type LoadResult } from './load.js'
 import { runOverload } from './overload.js'
 import { cpuSeconds, rssMiB } from './proc-stats.js'
+import { startVllmRouter, vllmRouterBin, type ExternalRouter } from './vllm-router.js'
 
 const HELP = `usage: handoff bench overhead [--quick] [--sizes 200,2048,16384,204800]
                                [--concurrency 1,64] [--seconds S] [--requests N] [--rounds R] [--json]
                                [--no-overload | --overload-only] [--overload-concurrency 300]
                                [--overload-seconds 25] [--overload-tokens 100]
                                [--baseline PATH/dist/cli/main.js]
+                               [--vllm-router PATH | --no-vllm-router]
 
 Router overhead: the same simulators (--kv none, zero delays) driven three ways, alternating
 in one run: a direct two-leg client, a bare fastify+undici two-leg proxy (the floor of the
-stack), and the router. Prints a markdown table. --baseline adds a fourth path, the router of
+stack), and the router. Prints a markdown table. --baseline adds a path, the router of
 another build (an earlier commit's checkout), so a change is compared in the same run.
+vLLM Router (PyPI vllm-router, installed by scripts/vllm-router.sh in .cache/vllm-router/, or
+the binary --vllm-router names) runs as one more path when it is there, with the ratios of
+req/s and p99 against it.
 
 Then the overload case: a slow decoder (40 ms/token) under hundreds of concurrent streams,
 a direct client beside the router: non-2xx counts, the decoder's state as the router saw it,
@@ -47,6 +52,9 @@ interface Cell {
   /** The --baseline build's router, when given. */
   baseline: LoadResult | undefined
   baselineCpuPer1k: number
+  /** vLLM Router over the same pair, when installed. */
+  vllmRouter: LoadResult | undefined
+  vllmRouterCpuPer1k: number
   bareCpuPer1k: number
   routerCpuPer1k: number
   /** P and D together, over the same router rounds: the work the router fronts. */
@@ -71,6 +79,8 @@ export async function runOverheadBench(argv: string[]): Promise<void> {
       'overload-seconds': { type: 'string' },
       'overload-tokens': { type: 'string' },
       baseline: { type: 'string' },
+      'vllm-router': { type: 'string' },
+      'no-vllm-router': { type: 'boolean' },
       help: { type: 'boolean', short: 'h' },
     },
   })
@@ -90,18 +100,31 @@ export async function runOverheadBench(argv: string[]): Promise<void> {
     maxTokens: Number(values['overload-tokens'] ?? (quick ? 20 : 100)),
     decodeDelayMs: 40,
   }
-  if (!values['overload-only']) await runOverheadTable({ sizes, concurrencies, seconds, maxRequests, rounds, json: values.json === true, baseline: values.baseline })
-  if (!values['no-overload']) process.stdout.write(await runOverload({ ...overload, baseline: values.baseline }))
+  const vllmRouter = values['no-vllm-router'] ? undefined : vllmRouterBin(values['vllm-router'])
+  if (!vllmRouter && !values['no-vllm-router']) process.stderr.write('vLLM Router is not installed (scripts/vllm-router.sh): no anchor in this run\n')
+  if (!values['overload-only']) await runOverheadTable({ sizes, concurrencies, seconds, maxRequests, rounds, json: values.json === true, baseline: values.baseline, vllmRouter })
+  if (!values['no-overload']) process.stdout.write(await runOverload({ ...overload, baseline: values.baseline, vllmRouter }))
 }
 
-async function runOverheadTable(o: { sizes: number[]; concurrencies: number[]; seconds: number; maxRequests: number; rounds: number; json: boolean; baseline: string | undefined }): Promise<void> {
+async function runOverheadTable(o: {
+  sizes: number[]
+  concurrencies: number[]
+  seconds: number
+  maxRequests: number
+  rounds: number
+  json: boolean
+  baseline: string | undefined
+  vllmRouter: string | undefined
+}): Promise<void> {
   const { sizes, concurrencies, seconds, maxRequests, rounds } = o
   const values = { json: o.json }
 
   const agent = new Agent({ connections: 256, keepAliveTimeout: 30_000 })
   const cluster = await startBenchCluster()
+  let anchor: ExternalRouter | undefined
   try {
     const { p, d } = cluster
+    anchor = o.vllmRouter ? await startVllmRouter(o.vllmRouter, p.url, d.url) : undefined
     const router = await cluster.router()
     const routerPid = router.child.pid as number
     const baselineRouter = o.baseline ? await cluster.router(o.baseline) : undefined
@@ -131,10 +154,13 @@ async function runOverheadTable(o: { sizes: number[]; concurrencies: number[]; s
       const viaBare = async (): Promise<void> => {
         await post(`${bare.url}/v1/completions`, body)
       }
+      const viaAnchor = async (): Promise<void> => {
+        await post(`${anchor?.url}/v1/completions`, body)
+      }
       for (const concurrency of concurrencies) {
         const loop = { concurrency, maxRequests, maxSeconds: seconds }
         // Warm every path (connections, JIT) before measuring.
-        for (const send of [direct, viaRouter, viaBare, ...(baselineRouter ? [viaBaseline] : [])]) await closedLoop({ ...loop, maxRequests: Math.min(50, maxRequests), send })
+        for (const send of [direct, viaRouter, viaBare, ...(baselineRouter ? [viaBaseline] : []), ...(anchor ? [viaAnchor] : [])]) await closedLoop({ ...loop, maxRequests: Math.min(50, maxRequests), send })
         // One measured loop, with the CPU the given processes spent during it.
         const cpuOf = (pids: number[]): number => pids.reduce((sum, pid) => sum + cpuSeconds(pid), 0)
         const measure = async (send: () => Promise<void>, pids: number[]): Promise<{ load: LoadResult; cpu: number }> => {
@@ -148,6 +174,8 @@ async function runOverheadTable(o: { sizes: number[]; concurrencies: number[]; s
         let r0 = empty()
         let base0 = empty()
         let baselineCpu = 0
+        let a0 = empty()
+        let anchorCpu = 0
         let b0 = empty()
         let cpu = 0
         let bareCpu = 0
@@ -168,6 +196,11 @@ async function runOverheadTable(o: { sizes: number[]; concurrencies: number[]; s
             base0 = mergeLoads(base0, bl.load)
             baselineCpu += bl.cpu
           }
+          if (anchor) {
+            const an = await measure(viaAnchor, [anchor.pid])
+            a0 = mergeLoads(a0, an.load)
+            anchorCpu += an.cpu
+          }
         }
         const cell: Cell = {
           size,
@@ -177,6 +210,8 @@ async function runOverheadTable(o: { sizes: number[]; concurrencies: number[]; s
           router: r0,
           baseline: baselineRouter ? base0 : undefined,
           baselineCpuPer1k: (baselineCpu / Math.max(1, base0.latenciesMs.length)) * 1000,
+          vllmRouter: anchor ? a0 : undefined,
+          vllmRouterCpuPer1k: (anchorCpu / Math.max(1, a0.latenciesMs.length)) * 1000,
           bareCpuPer1k: (bareCpu / Math.max(1, b0.latenciesMs.length)) * 1000,
           routerCpuPer1k: (cpu / Math.max(1, r0.latenciesMs.length)) * 1000,
           enginesCpuPer1k: (enginesCpu / Math.max(1, r0.latenciesMs.length)) * 1000,
@@ -189,6 +224,7 @@ async function runOverheadTable(o: { sizes: number[]; concurrencies: number[]; s
     }
     if (!values.json) process.stdout.write(table(cells, { seconds, maxRequests, rounds }))
   } finally {
+    await anchor?.stop()
     await cluster.stop()
     await agent.close()
   }
@@ -198,15 +234,31 @@ function summarize(c: Cell) {
   const ds = [...c.direct.latenciesMs].sort((a, b) => a - b)
   const rs = [...c.router.latenciesMs].sort((a, b) => a - b)
   const bs = [...c.bare.latenciesMs].sort((a, b) => a - b)
+  const vs = c.vllmRouter ? [...c.vllmRouter.latenciesMs].sort((a, b) => a - b) : undefined
+  const routerRps = rs.length / c.router.wallSeconds
   return {
     prompt_bytes: c.size,
     concurrency: c.concurrency,
     direct_p50_ms: percentile(ds, 50),
     direct_p99_ms: percentile(ds, 99),
+    direct_p999_ms: percentile(ds, 99.9),
     direct_rps: ds.length / c.direct.wallSeconds,
     router_p50_ms: percentile(rs, 50),
     router_p99_ms: percentile(rs, 99),
-    router_rps: rs.length / c.router.wallSeconds,
+    router_p999_ms: percentile(rs, 99.9),
+    router_rps: routerRps,
+    ...(vs && c.vllmRouter
+      ? {
+          vllm_router_p50_ms: percentile(vs, 50),
+          vllm_router_p99_ms: percentile(vs, 99),
+          vllm_router_p999_ms: percentile(vs, 99.9),
+          vllm_router_rps: vs.length / c.vllmRouter.wallSeconds,
+          vllm_router_cpu_s_per_1k: c.vllmRouterCpuPer1k,
+          // The issue 23 ratios: handoff's req/s over vLLM Router's (higher is better), its p99 over theirs (lower is better).
+          rps_vs_vllm_router: routerRps / (vs.length / c.vllmRouter.wallSeconds),
+          p99_vs_vllm_router: percentile(rs, 99) / percentile(vs, 99),
+        }
+      : {}),
     bare_p50_ms: percentile(bs, 50),
     bare_rps: bs.length / c.bare.wallSeconds,
     added_mean_ms: mean(rs) - mean(ds),
@@ -218,21 +270,23 @@ function summarize(c: Cell) {
     router_cpu_s_per_1k: c.routerCpuPer1k,
     engines_cpu_s_per_1k: c.enginesCpuPer1k,
     router_rss_mib: c.routerRssMiB,
-    errors: c.direct.errors + c.router.errors + c.bare.errors,
+    errors: c.direct.errors + c.router.errors + c.bare.errors + (c.vllmRouter?.errors ?? 0),
   }
 }
 
 function table(cells: Cell[], run: { seconds: number; maxRequests: number; rounds: number }): string {
-  const f = (n: number, d = 2): string => (Number.isFinite(n) ? n.toFixed(d) : 'n/a')
+  const f = (n: number | undefined, d = 2): string => (n !== undefined && Number.isFinite(n) ? n.toFixed(d) : 'n/a')
   const rows = cells.map((c) => {
     const s = summarize(c)
-    return `| ${s.prompt_bytes} | ${s.concurrency} | ${f(s.direct_p50_ms)} / ${f(s.direct_p99_ms)} | ${f(s.router_p50_ms)} / ${f(s.router_p99_ms)} | ${f(s.direct_rps, 0)} / ${f(s.bare_rps, 0)} / ${f(s.router_rps, 0)} | ${f(s.bare_added_mean_ms)} / ${f(s.added_mean_ms)}${s.baseline_added_mean_ms === undefined ? '' : ` / ${f(s.baseline_added_mean_ms)}`} | ${f(s.bare_cpu_s_per_1k)} / ${f(s.router_cpu_s_per_1k)}${s.baseline_cpu_s_per_1k === undefined ? '' : ` / ${f(s.baseline_cpu_s_per_1k)}`} | ${f(s.engines_cpu_s_per_1k)} | ${f(s.router_rss_mib, 0)} | ${s.errors} |`
+    const anchor = s.vllm_router_rps === undefined ? '' : ` ${f(s.vllm_router_p50_ms)} / ${f(s.vllm_router_p99_ms)} / ${f(s.vllm_router_p999_ms)} | ${f(s.vllm_router_rps, 0)} | ${f(s.rps_vs_vllm_router)}x / ${f(s.p99_vs_vllm_router)}x |`
+    return `| ${s.prompt_bytes} | ${s.concurrency} | ${f(s.direct_p50_ms)} / ${f(s.direct_p99_ms)} / ${f(s.direct_p999_ms)} | ${f(s.router_p50_ms)} / ${f(s.router_p99_ms)} / ${f(s.router_p999_ms)} | ${f(s.direct_rps, 0)} / ${f(s.bare_rps, 0)} / ${f(s.router_rps, 0)} | ${f(s.bare_added_mean_ms)} / ${f(s.added_mean_ms)}${s.baseline_added_mean_ms === undefined ? '' : ` / ${f(s.baseline_added_mean_ms)}`} | ${f(s.bare_cpu_s_per_1k)} / ${f(s.router_cpu_s_per_1k)}${s.baseline_cpu_s_per_1k === undefined ? '' : ` / ${f(s.baseline_cpu_s_per_1k)}`} | ${f(s.engines_cpu_s_per_1k)} | ${f(s.router_rss_mib, 0)} | ${s.errors} |${anchor}`
   })
+  const anchored = cells.some((c) => c.vllmRouter)
   return [
     `Machine: ${cpus().length} × ${cpus()[0]?.model ?? 'cpu'}, ${(totalmem() / 2 ** 30).toFixed(0)} GiB, Node ${process.version}; ${run.rounds} alternating rounds of ≤${run.maxRequests} requests / ${run.seconds} s per path per cell; /v1/completions, max_tokens 8, not streamed.`,
     '',
-    `| prompt bytes | concurrency | direct p50 / p99 ms | router p50 / p99 ms | req/s direct / bare / router | added mean ms bare / router${cells.some((c) => c.baseline) ? ' / baseline' : ''} | proxy CPU s per 1k req bare / router${cells.some((c) => c.baseline) ? ' / baseline' : ''} | P+D CPU s per 1k req | router RSS MiB | errors |`,
-    '| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |',
+    `| prompt bytes | concurrency | direct p50 / p99 / p99.9 ms | router p50 / p99 / p99.9 ms | req/s direct / bare / router | added mean ms bare / router${cells.some((c) => c.baseline) ? ' / baseline' : ''} | proxy CPU s per 1k req bare / router${cells.some((c) => c.baseline) ? ' / baseline' : ''} | P+D CPU s per 1k req | router RSS MiB | errors |${anchored ? ' vLLM Router p50 / p99 / p99.9 ms | vLLM Router req/s | router ÷ vLLM Router: req/s / p99 |' : ''}`,
+    `| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |${anchored ? ' ---: | ---: | ---: |' : ''}`,
     ...rows,
     '',
   ].join('\n')

@@ -3,6 +3,7 @@ import { Agent, request } from 'undici'
 import { startBenchCluster } from './cluster.js'
 import { decodeBody, prefillBody } from '../router/src/proxy/legs.js'
 import { closedLoop, mean, percentile, type LoadResult } from './load.js'
+import { startVllmRouter } from './vllm-router.js'
 
 export interface OverloadOptions {
   concurrency: number
@@ -11,10 +12,12 @@ export interface OverloadOptions {
   decodeDelayMs: number
   /** Another build's CLI entry: its router runs the same load as a third row. */
   baseline?: string | undefined
+  /** vLLM Router's binary: it runs the same load as one more row, the anchor of the ratios. */
+  vllmRouter?: string | undefined
 }
 
 interface Row {
-  path: 'direct' | 'router' | 'baseline router'
+  path: 'direct' | 'router' | 'baseline router' | 'vLLM Router'
   load: LoadResult
   statuses: Map<number, number>
   /** Why requests failed: `HTTP <status>` or the transport error's message, with counts. */
@@ -109,6 +112,20 @@ export async function runOverload(o: OverloadOptions): Promise<string> {
       const router = await cluster.router(entry)
       rows.push(await routerRow(path, router.url))
     }
+    if (o.vllmRouter) {
+      const anchor = await startVllmRouter(o.vllmRouter, p.url, d.url)
+      try {
+        rows.push(
+          await run('vLLM Router', async (statuses) => {
+            const r = await postJson(`${anchor.url}/v1/chat/completions`, body)
+            count(statuses, r.status)
+            if (r.status !== 200) fail(r.status)
+          }),
+        )
+      } finally {
+        await anchor.stop()
+      }
+    }
     return table(o, rows)
   } finally {
     await cluster.stop()
@@ -125,20 +142,31 @@ function table(o: OverloadOptions, rows: Row[]): string {
     // Failed requests that got no status at all (transport errors) count as "other" too.
     const other = non200 - tooMany + (r.load.errors - non200)
     const state = r.samples === undefined ? '—' : `down in ${r.d0DownSamples}/${r.samples} samples, ${r.ejections} ejections, queue ≤ ${r.maxQueue}`
-    return `| ${r.path} | ${sorted.length} | ${f(sorted.length / r.load.wallSeconds, 1)} | ${f(percentile(sorted, 50))} / ${f(percentile(sorted, 99))} / ${f(mean(sorted))} | ${tooMany} | ${other} | ${state} |`
+    return `| ${r.path} | ${sorted.length} | ${f(sorted.length / r.load.wallSeconds, 1)} | ${f(percentile(sorted, 50))} / ${f(percentile(sorted, 99))} / ${f(percentile(sorted, 99.9))} / ${f(mean(sorted))} | ${tooMany} | ${other} | ${state} |`
   })
   const ratio = (rows[1]?.load.latenciesMs.length ?? 0) / Math.max(1, rows[0]?.load.latenciesMs.length ?? 0)
+  const router = rows.find((r) => r.path === 'router')
+  const anchor = rows.find((r) => r.path === 'vLLM Router')
+  const p99 = (r: Row): number => percentile([...r.load.latenciesMs].sort((a, b) => a - b), 99)
+  const vsAnchor =
+    router && anchor
+      ? [
+          '',
+          `Against vLLM Router in the same run: goodput (200s per second) ${f(router.load.latenciesMs.length / router.load.wallSeconds / (anchor.load.latenciesMs.length / anchor.load.wallSeconds), 2)}x, p99 ${f(p99(router) / p99(anchor), 2)}x (issue 23: goodput ≥ 1.0x, p99 ≤ 1.1x).`,
+        ]
+      : []
   const why = rows
     .filter((r) => r.failures.size > 0)
     .map((r) => `- ${r.path} failures: ${[...r.failures].map(([m, n]) => `${n} × ${m}`).join('; ')}`)
   return [
     `Machine: ${cpus().length} × ${cpus()[0]?.model ?? 'cpu'}, ${(totalmem() / 2 ** 30).toFixed(0)} GiB, Node ${process.version}. 1 P + 1 D simulator (--kv none), decode ${o.decodeDelayMs} ms/token; ${o.concurrency} concurrent streamed chat requests of ${o.maxTokens} tokens for ${o.seconds} s per path, one path after the other; router with default limits (cap 256 per instance, queue 1024).`,
     '',
-    '| path | 200s | req/s | latency p50 / p99 / mean ms | 429s | other non-2xx or errors | decoder as the router saw it |',
+    '| path | 200s | req/s | latency p50 / p99 / p99.9 / mean ms | 429s | other non-2xx or errors | decoder as the router saw it |',
     '| --- | ---: | ---: | ---: | ---: | ---: | --- |',
     ...lines,
     '',
     `Router completed ${f(ratio * 100)}% of the direct client's requests in the same time.`,
+    ...vsAnchor,
     ...(why.length ? ['', ...why] : []),
     '',
   ].join('\n')

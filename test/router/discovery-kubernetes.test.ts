@@ -308,6 +308,10 @@ t.test('kubernetes discovery against a real API server', { skip: needKube(t) }, 
     t.ok(await waitFor(() => (discovery?.stats().relists ?? 0) >= 2, 5000), 're-lists run')
     t.notOk(router.view(c)?.draining, 'and a re-list that finds nothing new changes nothing')
 
+    // Just after a re-list's list answered: the watch is what goes silent. (A list caught in
+    // flight would hang until idleTimeoutMs, which this test sets out of reach: fr35.)
+    const lists = discovery?.stats().lists ?? 0
+    t.ok(await waitFor(() => (discovery?.stats().lists ?? 0) > lists, 5000), 'a re-list listed')
     proxy.blackhole()
     proxy.heal()
     const t0 = performance.now()

@@ -374,12 +374,11 @@ export class TopologyRegistry {
     if (!s) return
     if (models) this.#setModels(s, new Set(models))
     if (!up) {
-      this.#refile(s)
-      this.#snapshot = undefined
-      if (s.probedUp === false) return
+      const wasDown = s.probedUp === false
       s.probedUp = false
       this.#refile(s)
-      this.#emit({ type: 'down', instanceId: id })
+      this.#snapshot = undefined
+      if (!wasDown) this.#emit({ type: 'down', instanceId: id })
       return
     }
     const wasEligible = eligible(s, this.#clock.monotonic())

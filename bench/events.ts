@@ -111,9 +111,9 @@ function selection(instances: number, quick: boolean): string[] {
   const rows: string[] = []
   for (const mode of ['all', 'label'] as const) {
     const pairing = { mode, label: 'transfer_group' }
-    const registry = new TopologyRegistry({ clock: new ManualClock(), policy: { unhealthyThreshold: 3, baseEjectionMs: 5000, maxEjectionMs: 120000 }, instances: configs, pairing, cap: 256 })
+    const registry = new TopologyRegistry({ clock: new ManualClock(), policy: { unhealthyThreshold: 3, baseEjectionMs: 5000, maxEjectionMs: 120000 }, instances: configs, pairing, limit: 256 })
     const random = seededRandom(1)
-    const limits = { cap: 256 }
+    const limits = {}
     const cycle = (sel: Selection | undefined): void => {
       if (sel?.mode !== 'pd') throw new Error(`bench: no P/D route (${sel?.mode})`)
       registry.acquire(sel.prefill.id)

@@ -159,7 +159,7 @@ function table(o: OverloadOptions, rows: Row[]): string {
     .filter((r) => r.failures.size > 0)
     .map((r) => `- ${r.path} failures: ${[...r.failures].map(([m, n]) => `${n} × ${m}`).join('; ')}`)
   return [
-    `Machine: ${cpus().length} × ${cpus()[0]?.model ?? 'cpu'}, ${(totalmem() / 2 ** 30).toFixed(0)} GiB, Node ${process.version}. 1 P + 1 D simulator (--kv none), decode ${o.decodeDelayMs} ms/token; ${o.concurrency} concurrent streamed chat requests of ${o.maxTokens} tokens for ${o.seconds} s per path, one path after the other; router with default limits (cap 256 per instance, queue 1024).`,
+    `Machine: ${cpus().length} × ${cpus()[0]?.model ?? 'cpu'}, ${(totalmem() / 2 ** 30).toFixed(0)} GiB, Node ${process.version}. 1 P + 1 D simulator (--kv none), decode ${o.decodeDelayMs} ms/token; ${o.concurrency} concurrent streamed chat requests of ${o.maxTokens} tokens for ${o.seconds} s per path, one path after the other; router with default limits (starting at 256 per instance and following the engine, queue 1024).`,
     '',
     '| path | 200s | req/s | latency p50 / p99 / p99.9 / mean ms | 429s | other non-2xx or errors | decoder as the router saw it |',
     '| --- | ---: | ---: | ---: | ---: | ---: | --- |',

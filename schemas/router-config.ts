@@ -112,9 +112,12 @@ export const RouterConfig = Type.Object(
     limits: Type.Object(
       {
         bodyBytes: Type.Integer({ minimum: 1024, default: 16 * 1024 * 1024 }),
-        connectionsPerUpstream: Type.Integer({ minimum: 1, default: 256 }),
-        // Requests in flight on one instance (its concurrency cap); more wait in the admission
-        // queue. vLLM's default max_num_seqs is 256: beyond it the engine only queues internally.
+        // A backstop above admission's limits (admission.limit.max): the limits bound in-flight
+        // requests per instance, and a connection pool below them would queue unseen.
+        connectionsPerUpstream: Type.Integer({ minimum: 1, default: 4096 }),
+        // Requests in flight on one instance at first; more wait in the admission queue. With
+        // admission.limit.mode `adaptive` the limit then follows the engine; `fixed` keeps it.
+        // vLLM's default max_num_seqs is 256 (1024 on GPUs of 70 GiB or more).
         maxInflightPerInstance: Type.Integer({ minimum: 1, default: 256 }),
         // Handoffs one request may fan out into: prompts of a batch × n choices, each a prefill
         // and a decode leg with its own lease. More is refused (400 RTR_ERR_TOO_MANY_HANDOFFS).
@@ -133,6 +136,23 @@ export const RouterConfig = Type.Object(
         queueLength: Type.Integer({ minimum: 0, default: 1024 }),
         queueTimeoutMs: Type.Integer({ minimum: 1, default: 30000 }),
         retryAfterSeconds: Type.Integer({ minimum: 1, default: 1 }),
+        // How each instance's limit moves (router/src/admission/adaptive-limits.ts): `adaptive`
+        // reads the engine's vllm:num_requests_running/waiting from its /metrics every
+        // sampleIntervalMs while the instance holds half its limit or more, lowers the limit when
+        // the engine queues more than engineQueue requests and raises it (10 %) when the engine
+        // queues none and the limit binds. An engine without those metrics is judged by its
+        // first-token times: recent ones over firstTokenTolerance x their long-run average lower it.
+        limit: Type.Object(
+          {
+            mode: Type.Union([Type.Literal('adaptive'), Type.Literal('fixed')], { default: 'adaptive' }),
+            min: Type.Integer({ minimum: 1, default: 4 }),
+            max: Type.Integer({ minimum: 1, default: 4096 }),
+            sampleIntervalMs: Type.Integer({ minimum: 50, default: 500 }),
+            engineQueue: Type.Integer({ minimum: 0, default: 4 }),
+            firstTokenTolerance: Type.Number({ exclusiveMinimum: 1, default: 2 }),
+          },
+          { default: {}, additionalProperties: false },
+        ),
       },
       { default: {}, additionalProperties: false },
     ),

@@ -39,6 +39,9 @@ export const SimConfig = Type.Object(
     // no heartbeat credit (before issue 17 item 4).
     decodeQueueMs: Type.Number({ minimum: 0, default: 0 }),
     skipPullExpectations: Type.Boolean({ default: false }),
+    // vLLM's max_num_seqs: requests running at once; more wait (vllm:num_requests_waiting).
+    // vLLM's default for its API server on a GPU of 70 GiB or more (H100, H200) is 1024.
+    maxNumSeqs: Type.Integer({ minimum: 1, default: 1024 }),
     // Advertised as remote_host/remote_port (vLLM: VLLM_NIXL_SIDE_CHANNEL_HOST/PORT).
     sideChannelHost: Type.String({ default: '127.0.0.1' }),
     sideChannelPort: Type.Integer({ minimum: 0, maximum: 65535, default: 5600 }),

@@ -184,6 +184,8 @@ export async function buildApp(deps: RouterDeps): Promise<FastifyInstance> {
     if (deps.probe !== false && store.leadership.isLeader) await prober.probeAll()
     serving = true
     updateProber()
+    // Every router follows the engines' load for its own limits (they count its own requests).
+    if (deps.probe !== false) core.limits.start()
   })
   app.addHook('onClose', async () => {
     serving = false

@@ -3,6 +3,7 @@ import { Agent, request, type Dispatcher } from 'undici'
 import type { Clock } from '../../common/clock.js'
 import type { Random } from '../../common/random.js'
 import type { RouterConfig } from '../../schemas/router-config.js'
+import { AdaptiveLimits } from './admission/adaptive-limits.js'
 import { Admission } from './admission/admission.js'
 import { AgentDirectory } from './events/agent-directory.js'
 import { EngineNotifier } from './events/engine-notifier.js'
@@ -35,6 +36,8 @@ export interface RouterCore {
   drainer: Drainer
   pairs: PairBreakers
   admission: Admission
+  /** Each instance's limit on requests in flight, following its engine (started with serving). */
+  limits: AdaptiveLimits
   proxy: CompletionProxy
   prober: Prober
   /** The agent plane's streams, once it is up (ends them all when the log was replaced). */
@@ -58,7 +61,7 @@ export interface CoreOptions {
 
 export async function openCore(config: RouterConfig, opts: CoreOptions): Promise<RouterCore> {
   const { clock, random, log } = opts
-  const registry = new TopologyRegistry({ clock, policy: config.health, instances: config.instances, pairing: config.pairing, cap: config.limits.maxInflightPerInstance })
+  const registry = new TopologyRegistry({ clock, policy: config.health, instances: config.instances, pairing: config.pairing, limit: config.limits.maxInflightPerInstance })
   const metrics = createRouterMetrics()
   const agents = new AgentDirectory({ clock })
   let agentStreams: AgentStreams = { endAll: (): void => {}, unsent: (): number => 0 }
@@ -123,14 +126,22 @@ export async function openCore(config: RouterConfig, opts: CoreOptions): Promise
     registry,
     clock,
     random,
-    cap: config.limits.maxInflightPerInstance,
     ...config.admission,
     metrics: { queueDepth: metrics.queueDepth, queueWait: metrics.queueWait },
+  })
+  const limits = new AdaptiveLimits({
+    registry,
+    get: httpGet(probes, config.upstreamApiKey),
+    clock,
+    log: log.child({ component: 'limits' }),
+    policy: config.admission.limit,
+    timeoutMs: config.health.timeoutMs,
+    metrics: { limit: metrics.instanceLimit, changes: metrics.limitChanges, samples: metrics.engineLoadSamples },
   })
   const proxy = new CompletionProxy({
     registry,
     admission,
-    upstream: new Upstream({ dispatcher, registry, metrics }),
+    upstream: new Upstream({ dispatcher, registry, metrics, onFirstToken: (id, ms) => limits.observeFirstToken(id, ms) }),
     ledger,
     metrics,
     clock,
@@ -172,6 +183,7 @@ export async function openCore(config: RouterConfig, opts: CoreOptions): Promise
     drainer,
     pairs,
     admission,
+    limits,
     proxy,
     prober,
     get agentStreams() {
@@ -182,6 +194,7 @@ export async function openCore(config: RouterConfig, opts: CoreOptions): Promise
     },
     close: async () => {
       prober.stop()
+      limits.close()
       events.close()
       drainer.close()
       admission.close()

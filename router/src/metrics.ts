@@ -138,6 +138,24 @@ export function createRouterMetrics() {
       labelNames: ['type'] as const,
       registers,
     }),
+    instanceLimit: new Gauge({
+      name: 'handoff_router_instance_limit',
+      help: 'Requests this router lets an instance have in flight now (admission.limit)',
+      labelNames: ['instance'] as const,
+      registers,
+    }),
+    limitChanges: new Counter({
+      name: 'handoff_router_instance_limit_changes_total',
+      help: 'Adaptive limit moves, up or down, after an engine load sample',
+      labelNames: ['direction'] as const,
+      registers,
+    }),
+    engineLoadSamples: new Counter({
+      name: 'handoff_router_engine_load_samples_total',
+      help: 'Reads of an engine /metrics for its running and waiting requests: ok, no_metrics (answered without them), failed',
+      labelNames: ['outcome'] as const,
+      registers,
+    }),
     instanceUp: new Gauge({
       name: 'handoff_router_instance_up',
       help: 'Whether the last health probe of an instance passed (1) or failed (0)',

@@ -18,6 +18,7 @@ import { KvRegion } from './kv-region.js'
 import type { KvTransport, KvTransportDeps, KvTransportFactory } from './kv-source.js'
 import { createSimMetrics } from './metrics.js'
 import { RequestLog } from './request-log.js'
+import { SeqSlots } from './seq-slots.js'
 import { completionRoutes } from './routes/completions.js'
 import { infoRoutes } from './routes/info.js'
 import { simAdminRoutes } from './routes/sim-admin.js'
@@ -151,6 +152,7 @@ export function buildApp(deps: SimDeps): FastifyInstance {
     metrics,
     requests: new RequestLog(100),
     inFlightIds: new Set(),
+    seqs: new SeqSlots(config.maxNumSeqs),
     shutdown: shutdown.signal,
     exit: deps.exit ?? ((code) => process.exit(code)),
   }

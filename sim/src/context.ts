@@ -8,6 +8,7 @@ import type { KvRegion } from './kv-region.js'
 import type { KvTransport } from './kv-source.js'
 import type { SimMetrics } from './metrics.js'
 import type { RequestLog } from './request-log.js'
+import type { SeqSlots } from './seq-slots.js'
 
 /** Everything the route plugins share, built once by buildApp and passed as plugin options. */
 export interface SimContext {
@@ -24,6 +25,8 @@ export interface SimContext {
   readonly requests: RequestLog
   /** X-Request-Id values of the completions in flight (older vLLM refused a reused id). */
   readonly inFlightIds: Set<string>
+  /** max_num_seqs: completions running at once; the rest wait their turn. */
+  readonly seqs: SeqSlots
   /** Aborted when the app closes: stalls and delays end instead of holding shutdown. */
   readonly shutdown: AbortSignal
   /** process.exit in production; a recorder in tests (crashAfter). */

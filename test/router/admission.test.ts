@@ -12,13 +12,13 @@ function setup(opts: { cap?: number; queueLength?: number; queueTimeoutMs?: numb
     clock,
     policy: { unhealthyThreshold: 2, baseEjectionMs: 1000, maxEjectionMs: 4000 },
     instances: [{ id: 'b', role: 'both', url: 'http://127.0.0.1:1' }],
+    limit: opts.cap ?? 1,
   })
   const reg = new Registry()
   const admission = new Admission({
     registry,
     clock,
     random: seededRandom(1),
-    cap: opts.cap ?? 1,
     queueLength: opts.queueLength ?? 2,
     queueTimeoutMs: opts.queueTimeoutMs ?? 1000,
     retryAfterSeconds: 3,

@@ -21,7 +21,7 @@ function valid(sel: Selection | undefined, expected: Selection | undefined, pair
   if (expected === undefined || sel === undefined) return expected === sel ? undefined : `expected ${JSON.stringify(expected)}, got ${JSON.stringify(sel)}`
   if (sel.mode !== expected.mode) return `mode ${sel.mode}, scan says ${expected.mode}`
   if (sel.mode === 'full') return sel.of === (expected as { of: string }).of ? undefined : 'full of another mode'
-  const usable = (i: InstanceView): boolean => i.healthy && i.inflight < CAP && (i.models === undefined || i.models.has('m'))
+  const usable = (i: InstanceView): boolean => i.healthy && i.inflight < i.limit && (i.models === undefined || i.models.has('m'))
   if (sel.mode === 'single') return usable(sel.target) && sel.target.role !== 'prefill' ? undefined : `bad single target ${sel.target.id}`
   if (sel.prefill.role !== 'prefill' || !usable(sel.prefill)) return `bad prefiller ${sel.prefill.id}`
   if (sel.decode.role === 'prefill' || !usable(sel.decode)) return `bad decoder ${sel.decode.id}`
@@ -36,7 +36,7 @@ for (const pairing of [
     const random = seededRandom(pairing.mode === 'all' ? 7 : 11)
     const draw = (n: number): number => Math.floor(random.next() * n)
     const clock = new ManualClock()
-    const registry = new TopologyRegistry({ clock, policy: POLICY, instances: [], pairing, cap: CAP })
+    const registry = new TopologyRegistry({ clock, policy: POLICY, instances: [], pairing, limit: CAP })
     let next = 0
     let fast = 0
     const problems: string[] = []
@@ -53,9 +53,11 @@ for (const pairing of [
       else if (op === 4 && id && random.next() < 0.3) registry.remove(id)
       else if (op === 5 && id) registry.acquire(id)
       else if (op === 6 && id) registry.release(id)
+      // Admission moves one instance's limit (adaptive-limits.ts); the lists re-file it.
+      else if (op === 7 && id && random.next() < 0.3) registry.setLimit(id, 1 + draw(CAP + 1))
       else clock.advance(draw(60))
-      const expected = selectRoute(registry.snapshot(), 'm', pairing, seededRandom(step), { cap: CAP })
-      const got = registry.select('m', seededRandom(step), { cap: CAP })
+      const expected = selectRoute(registry.snapshot(), 'm', pairing, seededRandom(step))
+      const got = registry.select('m', seededRandom(step))
       const why = valid(got, expected, pairing)
       if (why) problems.push(`step ${step}: ${why}; topology ${JSON.stringify(registry.snapshot().instances.map((i) => [i.id, i.role, i.labels.transfer_group, i.healthy, i.inflight, i.models && [...i.models]]))}`)
       if (got && got.mode !== 'full') fast++
@@ -73,17 +75,17 @@ t.test('an ejection that expires makes the instance a candidate again, with no e
     clock,
     policy: { unhealthyThreshold: 1, baseEjectionMs: 1000, maxEjectionMs: 1000 },
     instances: [{ id: 'd', role: 'decode', url: 'http://127.0.0.1:1' }],
-    cap: 4,
+    limit: 4,
   })
   const random = seededRandom(1)
-  t.match(registry.select('m', random, { cap: 4 }), { mode: 'single', target: { id: 'd' } })
+  t.match(registry.select('m', random), { mode: 'single', target: { id: 'd' } })
   registry.recordFailure('d')
-  t.equal(registry.select('m', random, { cap: 4 }), undefined, 'ejected: no route')
+  t.equal(registry.select('m', random), undefined, 'ejected: no route')
   clock.advance(1000)
-  t.match(registry.select('m', random, { cap: 4 }), { mode: 'single', target: { id: 'd' } }, 'the ejection ran out: routed again')
+  t.match(registry.select('m', random), { mode: 'single', target: { id: 'd' } }, 'the ejection ran out: routed again')
 })
 
-t.test('at the cap an instance leaves the open list, and a slot given back returns it', async (t) => {
+t.test('at its limit an instance leaves the open list, and a slot given back returns it', async (t) => {
   const registry = new TopologyRegistry({
     clock: new ManualClock(),
     policy: POLICY,
@@ -91,17 +93,17 @@ t.test('at the cap an instance leaves the open list, and a slot given back retur
       { id: 'p', role: 'prefill', url: 'http://127.0.0.1:1' },
       { id: 'd', role: 'decode', url: 'http://127.0.0.1:2' },
     ],
-    cap: 1,
+    limit: 1,
   })
   const random = seededRandom(1)
-  t.match(registry.select('m', random, { cap: 1 }), { mode: 'pd', prefill: { id: 'p' }, decode: { id: 'd' } })
+  t.match(registry.select('m', random), { mode: 'pd', prefill: { id: 'p' }, decode: { id: 'd' } })
   registry.acquire('d')
-  t.same(registry.select('m', random, { cap: 1 }), { mode: 'full', of: 'pd' }, 'the decoder is full: the pair waits, it is not served locally')
+  t.same(registry.select('m', random), { mode: 'full', of: 'pd' }, 'the decoder is full: the pair waits, it is not served locally')
   registry.release('d')
-  t.match(registry.select('m', random, { cap: 1 }), { mode: 'pd' })
-  t.match(registry.selectDecoder(registry.snapshot().instances.find((i) => i.id === 'p') as InstanceView, 'm', random, { cap: 1 }), { id: 'd' })
+  t.match(registry.select('m', random), { mode: 'pd' })
+  t.match(registry.selectDecoder(registry.snapshot().instances.find((i) => i.id === 'p') as InstanceView, 'm', random), { id: 'd' })
   registry.remove('d')
-  t.equal(registry.select('m', random, { cap: 1 }), undefined, 'no decoder left: no route')
+  t.equal(registry.select('m', random), undefined, 'no decoder left: no route')
   t.notOk(registry.unknownModel('m'), 'no instance listed models: any model may be served')
   registry.add({ id: 'd2', role: 'decode', url: 'http://127.0.0.1:3' })
   registry.recordProbe('d2', true, ['m'])

@@ -6,7 +6,9 @@ import { get, post, startRouter, startSim } from '../helpers/cluster.js'
 // marked down. The router gets few upstream connections so that, before the fix, health
 // probes queued behind the streams, timed out, and one failed probe ejected the decoder.
 // Now probes have their own connections, only consecutive probe failures count, and when
-// every decoder is at its concurrency cap requests wait in the admission queue.
+// every decoder is at its limit requests wait in the admission queue. The cases that count
+// exact answers keep the limit fixed (admission.limit.mode); adaptive-admission.test.ts has
+// the same guarantees with limits that move.
 const p = await startSim(t, ['--role', 'prefill', '--seed', '11'])
 const d = await startSim(t, ['--role', 'decode', '--seed', '12', '--decode-delay-ms', '40'])
 const instances = [
@@ -68,7 +70,7 @@ t.test('40 concurrent long streams over 8 connections: the decoder stays up, eve
 t.test('a full admission queue answers 429 with Retry-After, never 503, and the decoder stays up', async (t) => {
   const { url, app } = await startRouter(t, instances, {
     limits: { bodyBytes: 1 << 20, connectionsPerUpstream: 4, maxInflightPerInstance: 4, maxHandoffsPerRequest: 128, maxAgents: 1024 },
-    admission: { queueLength: 4, queueTimeoutMs: 60_000, retryAfterSeconds: 2 },
+    admission: { queueLength: 4, queueTimeoutMs: 60_000, retryAfterSeconds: 2, limit: { mode: 'fixed' as const, min: 1, max: 4096, sampleIntervalMs: 500, engineQueue: 4, firstTokenTolerance: 2 } },
     health: { intervalMs: 100, timeoutMs: 150, unhealthyThreshold: 3, baseEjectionMs: 5000, maxEjectionMs: 5000 },
   })
   const body = { model: 'handoff/sim-1', messages: [{ role: 'user', content: 'overflow' }], max_tokens: 15 }
@@ -90,7 +92,7 @@ t.test('a full admission queue answers 429 with Retry-After, never 503, and the 
 t.test('a queued request whose wait runs out gets 429', async (t) => {
   const { url } = await startRouter(t, instances, {
     limits: { bodyBytes: 1 << 20, connectionsPerUpstream: 2, maxInflightPerInstance: 1, maxHandoffsPerRequest: 128, maxAgents: 1024 },
-    admission: { queueLength: 10, queueTimeoutMs: 100, retryAfterSeconds: 1 },
+    admission: { queueLength: 10, queueTimeoutMs: 100, retryAfterSeconds: 1, limit: { mode: 'fixed' as const, min: 1, max: 4096, sampleIntervalMs: 500, engineQueue: 4, firstTokenTolerance: 2 } },
   })
   const body = { model: 'handoff/sim-1', messages: [{ role: 'user', content: 'slow' }], max_tokens: 20 }
   const [first, second] = await Promise.all([post(`${url}/v1/chat/completions`, body), post(`${url}/v1/chat/completions`, body)])
@@ -100,7 +102,7 @@ t.test('a queued request whose wait runs out gets 429', async (t) => {
 t.test('a client that leaves while queued frees its place', async (t) => {
   const { url } = await startRouter(t, instances, {
     limits: { bodyBytes: 1 << 20, connectionsPerUpstream: 2, maxInflightPerInstance: 1, maxHandoffsPerRequest: 128, maxAgents: 1024 },
-    admission: { queueLength: 1, queueTimeoutMs: 30_000, retryAfterSeconds: 1 },
+    admission: { queueLength: 1, queueTimeoutMs: 30_000, retryAfterSeconds: 1, limit: { mode: 'fixed' as const, min: 1, max: 4096, sampleIntervalMs: 500, engineQueue: 4, firstTokenTolerance: 2 } },
   })
   const body = { model: 'handoff/sim-1', messages: [{ role: 'user', content: 'leave' }], max_tokens: 10 }
   const first = post(`${url}/v1/chat/completions`, body)

@@ -4,7 +4,7 @@ import type { InstanceView, TopologySnapshot } from '../../router/src/topology/r
 import { paired, pickLeastLoaded, selectDecoder, selectRoute } from '../../router/src/topology/selection.js'
 
 function inst(id: string, role: InstanceView['role'], extra: Partial<InstanceView> = {}): InstanceView {
-  return { id, role, source: 'config', url: `http://127.0.0.1/${id}`, labels: {}, engineId: undefined, healthy: true, draining: false, inflight: 0, models: new Set(['m']), ...extra }
+  return { id, role, source: 'config', url: `http://127.0.0.1/${id}`, labels: {}, engineId: undefined, healthy: true, draining: false, inflight: 0, limit: Number.POSITIVE_INFINITY, models: new Set(['m']), ...extra }
 }
 
 function snap(instances: InstanceView[]): TopologySnapshot {
@@ -73,24 +73,27 @@ t.test('power of two choices prefers the less loaded of two', async (t) => {
 })
 
 t.test('capacity picks among healthy instances but never changes the mode', async (t) => {
-  const cap = { cap: 2 }
-  const busyP = snap([inst('p', 'prefill', { inflight: 2 }), inst('d', 'decode')])
-  t.same(selectRoute(busyP, 'm', all, seededRandom(1), cap), { mode: 'full', of: 'pd' }, 'a full prefiller queues; it does not fall back to a single leg')
-  const busyD = snap([inst('p', 'prefill'), inst('d', 'decode', { inflight: 5 })])
-  t.same(selectRoute(busyD, 'm', all, seededRandom(1), cap), { mode: 'full', of: 'pd' })
-  const oneFree = selectRoute(snap([inst('p', 'prefill'), inst('d1', 'decode', { inflight: 2 }), inst('d2', 'decode', { inflight: 1 })]), 'm', all, seededRandom(3), cap)
+  // Every instance here may hold 2 in flight.
+  const at = (id: string, role: InstanceView['role'], extra: Partial<InstanceView> = {}): InstanceView => inst(id, role, { limit: 2, ...extra })
+  const busyP = snap([at('p', 'prefill', { inflight: 2 }), at('d', 'decode')])
+  t.same(selectRoute(busyP, 'm', all, seededRandom(1)), { mode: 'full', of: 'pd' }, 'a full prefiller queues; it does not fall back to a single leg')
+  const busyD = snap([at('p', 'prefill'), at('d', 'decode', { inflight: 5 })])
+  t.same(selectRoute(busyD, 'm', all, seededRandom(1)), { mode: 'full', of: 'pd' })
+  const oneFree = selectRoute(snap([at('p', 'prefill'), at('d1', 'decode', { inflight: 2 }), at('d2', 'decode', { inflight: 1 })]), 'm', all, seededRandom(3))
   t.same(oneFree && oneFree.mode === 'pd' ? oneFree.decode.id : oneFree, 'd2', 'the decoder with room')
-  t.same(selectRoute(snap([inst('b', 'both', { inflight: 2 })]), 'm', all, seededRandom(1), cap), { mode: 'full', of: 'single' })
-  t.equal(selectRoute(snap([inst('b', 'both', { healthy: false })]), 'm', all, seededRandom(1), cap), undefined, 'no healthy instance is no route, not full')
+  t.same(selectRoute(snap([at('b', 'both', { inflight: 2 })]), 'm', all, seededRandom(1)), { mode: 'full', of: 'single' })
+  t.equal(selectRoute(snap([at('b', 'both', { healthy: false })]), 'm', all, seededRandom(1)), undefined, 'no healthy instance is no route, not full')
+  const own = selectRoute(snap([at('p', 'prefill'), at('d1', 'decode', { inflight: 2 }), at('d2', 'decode', { inflight: 2, limit: 3 })]), 'm', all, seededRandom(1))
+  t.match(own, { mode: 'pd', decode: { id: 'd2' } }, 'each instance has its own limit: a raised one has room where another is full')
 })
 
 t.test('excluded instances are skipped (a retry after a refused connection)', async (t) => {
   const s = snap([inst('p1', 'prefill'), inst('p2', 'prefill'), inst('d', 'decode')])
   for (let seed = 0; seed < 10; seed++) {
-    const r = selectRoute(s, 'm', all, seededRandom(seed), { cap: 10, exclude: new Set(['p1']) })
+    const r = selectRoute(s, 'm', all, seededRandom(seed), { exclude: new Set(['p1']) })
     t.equal(r && r.mode === 'pd' ? r.prefill.id : r, 'p2')
   }
-  const only = selectRoute(snap([inst('p1', 'prefill'), inst('d', 'decode')]), 'm', all, seededRandom(1), { cap: 10, exclude: new Set(['p1']) })
+  const only = selectRoute(snap([inst('p1', 'prefill'), inst('d', 'decode')]), 'm', all, seededRandom(1), { exclude: new Set(['p1']) })
   t.equal(only?.mode, 'single', 'with its only prefiller excluded the healthy decoder serves alone')
 })
 
@@ -98,10 +101,10 @@ t.test('a resting pair (pair breaker) is one more filter: route around it, or se
   const s = snap([inst('p0', 'prefill'), inst('p1', 'prefill'), inst('d0', 'decode')])
   const blockP0 = (p: string, d: string): boolean => p === 'p0' && d === 'd0'
   for (let i = 0; i < 20; i++) {
-    const r = selectRoute(s, 'm', all, seededRandom(i), { cap: 10, blocked: blockP0 })
+    const r = selectRoute(s, 'm', all, seededRandom(i), { blocked: blockP0 })
     t.match(r, { mode: 'pd', prefill: { id: 'p1' }, decode: { id: 'd0' } })
   }
-  const r = selectRoute(s, 'm', all, seededRandom(1), { cap: 10, blocked: () => true })
+  const r = selectRoute(s, 'm', all, seededRandom(1), { blocked: () => true })
   t.match(r, { mode: 'single', target: { id: 'd0' } }, 'every pair resting: D prefills itself')
-  t.equal(selectDecoder(s, s.instances[0] as InstanceView, 'm', all, seededRandom(1), { cap: 10, blocked: blockP0 }), undefined)
+  t.equal(selectDecoder(s, s.instances[0] as InstanceView, 'm', all, seededRandom(1), { blocked: blockP0 }), undefined)
 })

@@ -1,5 +1,6 @@
 import t from 'tap'
 import { request } from 'undici'
+import { parseEngineLoad } from '../../router/src/admission/engine-load.js'
 import { sseEvents, startRouter, streamedText } from '../helpers/cluster.js'
 import { SimEngine } from '../helpers/sim-engine.js'
 import { call, errorCode, isLateRead, MODEL, needVllm, startVllm, texts, type Answer, type Choice, type VllmEngine } from '../helpers/vllm.js'
@@ -248,6 +249,9 @@ for (const backend of backends) t.test(`the router in front of ${backend.name} P
     const it = (res.body as AsyncIterable<Buffer>)[Symbol.asyncIterator]()
     await it.next()
     t.ok((await D.metric('vllm:num_requests_running')) >= 1, 'D is generating')
+    // What adaptive admission reads of the engine (issue 23), from the engine's own page.
+    const load = parseEngineLoad(await (await request(`${D.url}/metrics`)).body.text())
+    t.ok(load && load.running >= 1 && load.waiting === 0, `admission reads D's load from /metrics: ${JSON.stringify(load)}`)
     ac.abort()
     const deadline = Date.now() + 10_000
     while (Date.now() < deadline && (await D.metric('vllm:num_requests_running')) > 0) await new Promise((r) => setTimeout(r, 100))

@@ -9,8 +9,6 @@ export interface AdmissionOptions {
   registry: TopologyRegistry
   clock: Clock
   random: Random
-  /** Requests in flight per instance (the registry's candidate lists are filed by the same cap). */
-  cap: number
   queueLength: number
   queueTimeoutMs: number
   retryAfterSeconds: number
@@ -36,11 +34,12 @@ interface Waiter {
 }
 
 /**
- * Admission control: a request gets a route whose instances have a free slot (acquired in
- * the registry for it), or waits in one bounded FIFO queue until a slot frees up. A full queue
+ * Admission control: a request gets a route whose instances are below their limit (a slot
+ * acquired in the registry for it), or waits in one bounded FIFO queue until a slot frees up
+ * or a limit grows (adaptive-limits.ts). A full queue
  * or a wait that runs out is a 429 with Retry-After: overload means slower answers and clean
- * refusals, never an instance marked down. Slots come back through the registry's `released`
- * and `up` changes, which wake the head of the queue.
+ * refusals, never an instance marked down. Slots come back through the registry's `released`,
+ * `up` and raised `limit` changes, which wake the head of the queue.
  */
 export class Admission {
   readonly #o: AdmissionOptions
@@ -48,10 +47,10 @@ export class Admission {
   readonly #unsubscribe: () => void
 
   constructor(opts: AdmissionOptions) {
-    if (opts.cap < 1 || opts.queueLength < 0 || opts.queueTimeoutMs <= 0) throw new RangeError('admission: cap >= 1, queueLength >= 0, queueTimeoutMs > 0')
+    if (opts.queueLength < 0 || opts.queueTimeoutMs <= 0) throw new RangeError('admission: queueLength >= 0, queueTimeoutMs > 0')
     this.#o = opts
     this.#unsubscribe = opts.registry.subscribe((change) => {
-      if (change.type === 'released' || change.type === 'up') this.#wake()
+      if (change.type === 'released' || change.type === 'up' || (change.type === 'limit' && change.up)) this.#wake()
     })
   }
 
@@ -93,8 +92,8 @@ export class Admission {
 
   /** A decoder with a free slot for P's params after `exclude` refused them (acquired), if any. */
   retryDecoder(prefill: InstanceView, model: string, exclude: ReadonlySet<string>): InstanceView | undefined {
-    const { registry, random, cap } = this.#o
-    const d = registry.selectDecoder(prefill, model, random, { cap, exclude, ...this.#blocked() })
+    const { registry, random } = this.#o
+    const d = registry.selectDecoder(prefill, model, random, { exclude, ...this.#blocked() })
     if (d) {
       registry.acquire(d.id)
       this.#o.pairs?.chosen(prefill.id, d.id)
@@ -107,8 +106,8 @@ export class Admission {
    * without queueing: a retry never waits and never changes how a request is served.
    */
   retryRoute<M extends Route['mode']>(model: string, exclude: ReadonlySet<string>, mode: M): (Route & { mode: M }) | undefined {
-    const { registry, random, cap } = this.#o
-    const sel = registry.select(model, random, { cap, exclude, ...this.#blocked() })
+    const { registry, random } = this.#o
+    const sel = registry.select(model, random, { exclude, ...this.#blocked() })
     if (!sel || sel.mode !== mode) return undefined
     this.#acquire(sel)
     return sel as Route & { mode: M }
@@ -126,8 +125,8 @@ export class Admission {
 
   /** A route with acquired slots; undefined when all are full; an error when none can serve. */
   #tryAcquire(req: AdmissionRequest): Route | Error | undefined {
-    const { registry, random, cap } = this.#o
-    const sel = registry.select(req.model, random, { cap, ...this.#blocked() })
+    const { registry, random } = this.#o
+    const sel = registry.select(req.model, random, this.#blocked())
     if (!sel) return new RTR_ERR_NO_INSTANCE(req.model)
     req.onMode(sel.mode === 'full' ? sel.of : sel.mode)
     if (sel.mode === 'full') return undefined

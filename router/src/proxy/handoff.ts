@@ -219,6 +219,7 @@ export class HandoffRunner {
     const answer = await upstream.send(call)
     const text = await upstream.readAll(call, answer)
     const status = answer.res.statusCode
+    if (status < 400) upstream.firstToken(call, answer)
     if (status >= 500) throw upstream.statusFailure(call, status, text)
     if (status >= 400) return { status, contentType: String(answer.res.headers['content-type'] ?? JSON_TYPE), body: text }
     let parsed: unknown

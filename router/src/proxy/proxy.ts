@@ -10,7 +10,7 @@ import { forwardedHeaders, isChatPath, LEG_MEMBERS, wantsStream, withoutClientPa
 import { SharedBody } from './shared-body.js'
 import { relaySse, withUsageFacts } from './relay.js'
 import { withPrefillFacts, type PrefillFacts } from './prefill-facts.js'
-import { LegFailure } from './upstream.js'
+import { LegFailure, type Upstream } from './upstream.js'
 
 type Body = Record<string, unknown>
 type Mapped = CodedError & { code: RouterErrorCode }
@@ -81,7 +81,7 @@ export class CompletionProxy {
     // Past this point the status is sent: a failure can only end the stream with an error event.
     const relay = relaySse(res.body, {
       signal: ex.signal,
-      onFirstFrame: (kind) => firstFrame(a, kind),
+      onFirstFrame: (kind) => firstFrame(upstream, a, kind),
       onEnd: (r) => {
         if (r === 'error_event') ex.outcome('engine_error_event')
         else if (r !== 'ok') ex.outcome(r.code)
@@ -97,7 +97,7 @@ export class CompletionProxy {
     const { upstream } = this.#deps
     let answer: Body
     try {
-      answer = await assembleStream(a.answer.res.body as AsyncIterable<Buffer>, isChat(a), (kind) => firstFrame(a, kind))
+      answer = await assembleStream(a.answer.res.body as AsyncIterable<Buffer>, isChat(a), (kind) => firstFrame(upstream, a, kind))
     } catch (err) {
       // The client left (the caller answers for that), or the first token came too late.
       if (a.call.signal.aborted || isRouterError(err)) throw err
@@ -146,7 +146,7 @@ export class CompletionProxy {
     const streams = ok.map((a) => a.answer.res.body as AsyncIterable<Buffer>)
     const merged = async function* (this: void): AsyncGenerator<string> {
       try {
-        yield* mergeStreams(body, subs, streams, (i, kind) => firstFrame(ok[i] as Answer & { kind: 'upstream' }, kind))
+        yield* mergeStreams(body, subs, streams, (i, kind) => firstFrame(upstream, ok[i] as Answer & { kind: 'upstream' }, kind))
       } catch (err) {
         if (isRouterError(err)) {
           // A prompt's first token came too late to trust (firstFrame): the batch ends.
@@ -215,8 +215,9 @@ async function allOrStop<T>(ex: Exchange, work: Promise<T>[]): Promise<T[]> {
  * judges the pair. Data that came past the read deadline (Handoff.firstToken) returns the
  * error that replaces it: D's read may have found reused blocks.
  */
-function firstFrame(a: Answer & { kind: 'upstream' }, kind: 'data' | 'error'): Mapped | undefined {
+function firstFrame(upstream: Upstream, a: Answer & { kind: 'upstream' }, kind: 'data' | 'error'): Mapped | undefined {
   a.pairVerdict?.(kind === 'data')
+  if (kind === 'data') upstream.firstToken(a.call, a.answer)
   if (kind === 'error') {
     a.handoff.decodeFailed()
     return undefined

@@ -51,6 +51,8 @@ export interface UpstreamAnswer {
   signal: AbortSignal
   /** Stops the deadline timer once the answer is read. */
   settle(): void
+  /** performance.now() when the call went out (firstToken measures from it). */
+  sentAt: number
 }
 
 class DeadlinePassed extends Error {}
@@ -63,14 +65,23 @@ export class Upstream {
   readonly #dispatcher: Dispatcher
   readonly #registry: TopologyRegistry
   readonly #metrics: RouterMetrics
+  readonly #onFirstToken: ((id: string, ms: number) => void) | undefined
 
-  constructor(opts: { dispatcher: Dispatcher; registry: TopologyRegistry; metrics: RouterMetrics }) {
+  /** `onFirstToken`: hears how long each engine took to its first token (adaptive-limits.ts). */
+  constructor(opts: { dispatcher: Dispatcher; registry: TopologyRegistry; metrics: RouterMetrics; onFirstToken?: (id: string, ms: number) => void }) {
     this.#dispatcher = opts.dispatcher
     this.#registry = opts.registry
     this.#metrics = opts.metrics
+    this.#onFirstToken = opts.onFirstToken
+  }
+
+  /** The engine's first token came in this answer (P's whole answer, D's first streamed frame). */
+  firstToken(call: UpstreamCall, answer: UpstreamAnswer): void {
+    this.#onFirstToken?.(call.target.id, performance.now() - answer.sentAt)
   }
 
   async send(call: UpstreamCall): Promise<UpstreamAnswer> {
+    const sentAt = performance.now()
     const deadline = call.deadlineMs === undefined ? undefined : withDeadline(call.signal, call.deadlineMs)
     const signal = deadline ? deadline.signal : call.signal
     const settle = (): void => deadline?.clear()
@@ -102,7 +113,7 @@ export class Upstream {
       }
       // It answered: whatever the status, the instance is reachable.
       this.#registry.recordSuccess(call.target.id)
-      return { res, signal, settle }
+      return { res, signal, settle, sentAt }
     } catch (err) {
       settle()
       throw this.#failure(call, signal, err)

@@ -8,6 +8,8 @@ export interface Candidate {
   readonly role: InstanceRole
   readonly labels: Readonly<Record<string, string>>
   readonly inflight: number
+  /** Requests it may have in flight now (admission's limit for it). */
+  readonly limit: number
   readonly models: ReadonlySet<string> | undefined
 }
 
@@ -40,7 +42,7 @@ class Bucket {
   }
 }
 
-/** One side (prefillers, or instances that decode) of one pairing group: with a free slot, or at the cap. */
+/** One side (prefillers, or instances that decode) of one pairing group: with a free slot, or at its limit. */
 interface Side {
   open: Bucket
   full: Bucket
@@ -69,19 +71,17 @@ const count = (s: Side): number => s.open.size + s.full.size
  * topology on every pick, and the registry rebuilds its snapshot after every slot taken or
  * given back, so a pick cost O(instances): 0.1-0.3 ms at 1,000. Here every eligible instance
  * (up, not ejected, not draining) is filed in its pairing group, as a prefiller or a decoder
- * (role decode or both), in an `open` list (below the cap) or a `full` one; the registry
+ * (role decode or both), in an `open` list (below its limit) or a `full` one; the registry
  * re-files an instance when anything selection reads changes, in O(1). A pick then draws its
  * power-of-two candidates from the open lists, O(groups).
  *
- * The index answers only where it can answer exactly as `selectRoute` would: one cap for
- * every instance, no exclusions (a retry), no pair resting after KV-load failures, and every
+ * The index answers only where it can answer exactly as `selectRoute` would: no exclusions (a retry), no pair resting after KV-load failures, and every
  * eligible instance serving the model (or not known yet to serve none). Otherwise `pick`
  * answers null and the caller falls back to `selectRoute` over a snapshot: those cases are
  * rare and short-lived, and their rules stay in one place.
  */
 export class CandidateIndex {
   readonly #pairing: PairingPolicy
-  readonly #cap: number
   readonly #groups = new Map<string, Group>()
   readonly #filed = new Map<string, Filed>()
   /** Groups with at least one eligible prefiller and one eligible decoder. */
@@ -92,16 +92,11 @@ export class CandidateIndex {
   #eligible = 0
   #decoders = 0
 
-  constructor(pairing: PairingPolicy, cap: number) {
+  constructor(pairing: PairingPolicy) {
     this.#pairing = pairing
-    this.#cap = cap
   }
 
-  get cap(): number {
-    return this.#cap
-  }
-
-  /** Files `c` where it belongs now: call after any change to its eligibility, inflight or models. */
+  /** Files `c` where it belongs now: call after any change to its eligibility, inflight, limit or models. */
   file(c: Candidate, eligible: boolean): void {
     const was = this.#filed.get(c.id)
     if (!eligible) {
@@ -110,7 +105,7 @@ export class CandidateIndex {
     }
     const key = this.#pairing.mode === 'all' ? '' : (c.labels[this.#pairing.label] ?? '')
     const s = c.role === 'prefill' ? 'p' : 'd'
-    const open = c.inflight < this.#cap
+    const open = c.inflight < c.limit
     if (was && was.key === key && was.side === s && was.models === c.models) {
       if (was.open === open) return
       const bucket = was.group[s]
@@ -180,7 +175,6 @@ export class CandidateIndex {
 
   #exact(model: string, limits: PickLimits): boolean {
     return (
-      limits.cap === this.#cap &&
       (limits.exclude === undefined || limits.exclude.size === 0) &&
       limits.blocked === undefined &&
       (this.#serving.get(model) ?? 0) + this.#unknown === this.#eligible

@@ -23,6 +23,8 @@ export type TopologyChange =
   | { type: 'refusing'; instanceId: string }
   | { type: 'ejected'; instanceId: string; forMs: number }
   | { type: 'released'; instanceId: string }
+  /** Admission's limit for the instance changed (admission/adaptive-limits.ts); up: it grew. */
+  | { type: 'limit'; instanceId: string; limit: number; up: boolean }
   | { type: 'engine_id_changed'; instanceId: string; address: string; previous: string; current: string }
   | { type: 'engine_id_learned'; instanceId: string; engineId: string }
   | { type: 'draining'; instanceId: string }
@@ -59,6 +61,8 @@ export interface InstanceView {
   readonly healthy: boolean
   readonly draining: boolean
   readonly inflight: number
+  /** Requests it may have in flight: admission's limit, fixed or following the engine. */
+  readonly limit: number
   /** Models the instance serves; undefined until its /v1/models was read. */
   readonly models: ReadonlySet<string> | undefined
 }
@@ -86,6 +90,7 @@ interface InstanceState {
   ejectedUntil: number
   draining: boolean
   inflight: number
+  limit: number
   models: ReadonlySet<string> | undefined
 }
 
@@ -119,15 +124,19 @@ export class TopologyRegistry {
   #nextThaw = Number.POSITIVE_INFINITY
   /** How many instances list each model (every instance, eligible or not). */
   readonly #models = new Map<string, number>()
+  readonly #initialLimit: number
   #scans = 0
   #snapshot: TopologySnapshot | undefined
 
-  constructor(opts: { clock: Clock; policy: HealthPolicy; instances: readonly InstanceConfig[]; pairing?: PairingPolicy; cap?: number }) {
+  /** `limit`: requests in flight an instance starts with (admission may move it: setLimit). */
+  constructor(opts: { clock: Clock; policy: HealthPolicy; instances: readonly InstanceConfig[]; pairing?: PairingPolicy; limit?: number }) {
     if (opts.policy.unhealthyThreshold < 1) throw new RangeError('unhealthyThreshold must be >= 1')
+    if (opts.limit !== undefined && !(opts.limit >= 1)) throw new RangeError('limit must be >= 1')
     this.#clock = opts.clock
     this.#policy = opts.policy
+    this.#initialLimit = opts.limit ?? Number.POSITIVE_INFINITY
     this.#pairing = opts.pairing ?? { mode: 'all', label: 'transfer_group' }
-    this.#index = new CandidateIndex(this.#pairing, opts.cap ?? Number.POSITIVE_INFINITY)
+    this.#index = new CandidateIndex(this.#pairing)
     for (const cfg of opts.instances) this.#add(cfg, 'config')
   }
 
@@ -135,7 +144,7 @@ export class TopologyRegistry {
    * Where a request for `model` goes, with the registry's pairing policy: `selectRoute`'s
    * answer (see there), in O(pairing groups) where the candidate lists can answer exactly.
    */
-  select(model: string, random: Random, limits: PickLimits): Selection | undefined {
+  select(model: string, random: Random, limits: PickLimits = {}): Selection | undefined {
     this.#thaw()
     const pick = this.#index.pick(model, random, limits)
     if (pick === null) {
@@ -151,7 +160,7 @@ export class TopologyRegistry {
   }
 
   /** `selectDecoder`'s answer: another decoder for P's params. */
-  selectDecoder(prefill: InstanceView, model: string, random: Random, limits: PickLimits): InstanceView | undefined {
+  selectDecoder(prefill: InstanceView, model: string, random: Random, limits: PickLimits = {}): InstanceView | undefined {
     this.#thaw()
     const p = this.#instances.get(prefill.id)
     const d = p ? this.#index.pickDecoder(p, model, random, limits) : null
@@ -252,6 +261,7 @@ export class TopologyRegistry {
       ejectedUntil: 0,
       draining: false,
       inflight: 0,
+      limit: this.#initialLimit,
       models: undefined,
     }
     this.#instances.set(cfg.id, s)
@@ -288,6 +298,33 @@ export class TopologyRegistry {
     s.inflight++
     this.#refile(s)
     this.#snapshot = undefined
+  }
+
+  /** Requests in flight on the instance and its limit now; undefined when it is not there. */
+  load(id: string): { inflight: number; limit: number } | undefined {
+    const s = this.#instances.get(id)
+    return s && { inflight: s.inflight, limit: s.limit }
+  }
+
+  /**
+   * Instances holding at least `fraction` of their limit in flight: the ones whose limit is
+   * worth adjusting now (admission/adaptive-limits.ts samples only those).
+   */
+  busy(fraction: number): string[] {
+    const out: string[] = []
+    for (const s of this.#instances.values()) if (s.inflight > 0 && s.inflight >= s.limit * fraction) out.push(s.id)
+    return out
+  }
+
+  /** Admission's new limit for the instance: it is re-filed, and a raise wakes queued requests. */
+  setLimit(id: string, limit: number): void {
+    const s = this.#instances.get(id)
+    if (!s || s.limit === limit) return
+    if (!(limit >= 1)) throw new RangeError('limit must be >= 1')
+    const up = limit > s.limit
+    s.limit = limit
+    this.#refile(s)
+    this.#emit({ type: 'limit', instanceId: id, limit, up })
   }
 
   /** A slot on the instance is free again: queued requests may now be admitted. */
@@ -477,6 +514,7 @@ export class TopologyRegistry {
       healthy: eligible(s, now),
       draining: s.draining,
       inflight: s.inflight,
+      limit: s.limit,
       models: s.models,
     })
   }

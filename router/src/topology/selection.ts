@@ -33,24 +33,23 @@ export function pickLeastLoaded<T extends { readonly inflight: number }>(candida
   return b.inflight < a.inflight ? b : a
 }
 
-/** Limits on a pick: a concurrency cap per instance and instances to skip (a failed retry). */
+/** Limits on a pick: instances to skip (a failed retry). Each instance's own `limit` caps its work. */
 export interface PickLimits {
-  cap: number
   exclude?: ReadonlySet<string>
   /** Pairs resting after KV-load failures (pair-breakers.ts): one more pairing filter. */
   blocked?: (prefill: string, decode: string) => boolean
 }
 
-/** A route, or `full`: a healthy route exists but every candidate is at its cap (queue). */
+/** A route, or `full`: a healthy route exists but every candidate is at its limit (queue). */
 export type Selection = Route | { mode: 'full'; of: Route['mode'] }
 
-const NO_LIMITS: PickLimits = { cap: Number.POSITIVE_INFINITY }
+const NO_LIMITS: PickLimits = {}
 
 /**
  * Chooses where a request for `model` goes. Pure: same snapshot and random draws, same
  * answer. The mode is decided by health alone: a P/D pair when a healthy prefiller is paired
  * with a healthy decoder, else one instance that prefills locally. Capacity then picks among
- * those; when all are at their cap the answer is `full`, never a fallback to another mode.
+ * those; when all are at their limit the answer is `full`, never a fallback to another mode.
  */
 export function selectRoute(
   snapshot: TopologySnapshot,
@@ -60,7 +59,7 @@ export function selectRoute(
   limits: PickLimits = NO_LIMITS,
 ): Selection | undefined {
   const usable = (i: InstanceView): boolean => serves(i, model) && !limits.exclude?.has(i.id)
-  const room = (i: InstanceView): boolean => i.inflight < limits.cap
+  const room = (i: InstanceView): boolean => i.inflight < i.limit
   const pairs = (p: InstanceView, d: InstanceView): boolean => paired(p, d, pairing) && !limits.blocked?.(p.id, d.id)
   const decoders = snapshot.instances.filter((i) => i.role !== 'prefill' && usable(i))
   const prefillers = snapshot.instances.filter((p) => p.role === 'prefill' && usable(p) && decoders.some((d) => pairs(p, d)))
@@ -93,7 +92,7 @@ export function selectDecoder(
       d.role !== 'prefill' &&
       serves(d, model) &&
       !limits.exclude?.has(d.id) &&
-      d.inflight < limits.cap &&
+      d.inflight < d.limit &&
       paired(prefill, d, pairing) &&
       !limits.blocked?.(prefill.id, d.id),
   )

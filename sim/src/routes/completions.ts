@@ -70,12 +70,23 @@ async function serve(ctx: SimContext, kind: Kind, request: FastifyRequest<{ Body
     if (ctx.inFlightIds.has(xRequestId)) throw new SIM_ERR_DUPLICATE_REQUEST_ID(xRequestId)
     ctx.inFlightIds.add(xRequestId)
   }
+  // Past max_num_seqs the request waits its turn, as vLLM's scheduler holds it.
+  metrics.waiting.inc(metrics.labels)
+  try {
+    await ctx.seqs.acquire(signal)
+  } catch (err) {
+    if (xRequestId !== undefined) ctx.inFlightIds.delete(xRequestId)
+    throw err
+  } finally {
+    metrics.waiting.dec(metrics.labels)
+  }
   metrics.running.inc(metrics.labels)
   let finished = false
   const done = (ok: boolean, result?: EngineResult): void => {
     if (finished) return
     finished = true
     if (xRequestId !== undefined) ctx.inFlightIds.delete(xRequestId)
+    ctx.seqs.release()
     metrics.running.dec(metrics.labels)
     if (ok && result) {
       metrics.success.inc({ ...metrics.labels, finished_reason: result.output.finishReason })

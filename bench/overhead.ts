@@ -4,7 +4,7 @@ import { Agent, request } from 'undici'
 import { spawnService } from '../common/spawn.js'
 import { startBenchCluster } from './cluster.js'
 import { decodeBody, prefillBody } from '../router/src/proxy/legs.js'
-import { closedLoop, mean, mergeLoads, percentile, positiveList, type LoadResult } from './load.js'
+import { closedLoop, emptyLoad, mean, mergeLoads, percentile, positiveList, type LoadResult } from './load.js'
 import { runOverload } from './overload.js'
 import { cpuSeconds, rssMiB } from './proc-stats.js'
 import { startVllmRouter, vllmRouterBin, type ExternalRouter } from './vllm-router.js'
@@ -12,7 +12,7 @@ import { startVllmRouter, vllmRouterBin, type ExternalRouter } from './vllm-rout
 const HELP = `usage: handoff bench overhead [--quick] [--sizes 200,2048,16384,204800]
                                [--concurrency 1,64] [--seconds S] [--requests N] [--rounds R] [--json]
                                [--no-overload | --overload-only] [--overload-concurrency 300]
-                               [--overload-seconds 25] [--overload-tokens 100]
+                               [--overload-seconds 25] [--overload-tokens 100] [--overload-ramp S]
                                [--baseline PATH/dist/cli/main.js]
                                [--vllm-router PATH | --no-vllm-router]
 
@@ -26,7 +26,9 @@ req/s and p99 against it.
 
 Then the overload case: a slow decoder (40 ms/token) under hundreds of concurrent streams,
 a direct client beside the router: non-2xx counts, the decoder's state as the router saw it,
-throughput and p99.
+goodput and p99. Clients start over --overload-ramp seconds (default: one request's decode
+time, so streams do not run in lockstep waves; 0: all at once); goodput counts the 200s that
+finished after the ramp.
 `
 
 const WORDS = ['alpha', 'bravo', 'charlie', 'delta', 'echo', 'foxtrot', 'golf', 'hotel', 'india', 'juliet']
@@ -78,6 +80,7 @@ export async function runOverheadBench(argv: string[]): Promise<void> {
       'overload-concurrency': { type: 'string' },
       'overload-seconds': { type: 'string' },
       'overload-tokens': { type: 'string' },
+      'overload-ramp': { type: 'string' },
       baseline: { type: 'string' },
       'vllm-router': { type: 'string' },
       'no-vllm-router': { type: 'boolean' },
@@ -99,6 +102,7 @@ export async function runOverheadBench(argv: string[]): Promise<void> {
     seconds: Number(values['overload-seconds'] ?? (quick ? 4 : 25)),
     maxTokens: Number(values['overload-tokens'] ?? (quick ? 20 : 100)),
     decodeDelayMs: 40,
+    rampSeconds: values['overload-ramp'] === undefined ? undefined : Number(values['overload-ramp']),
   }
   const vllmRouter = values['no-vllm-router'] ? undefined : vllmRouterBin(values['vllm-router'])
   if (!vllmRouter && !values['no-vllm-router']) process.stderr.write('vLLM Router is not installed (scripts/vllm-router.sh): no anchor in this run\n')
@@ -169,7 +173,7 @@ async function runOverheadTable(o: {
           return { load, cpu: cpuOf(pids) - before }
         }
         const enginePids = [p.child.pid as number, d.child.pid as number]
-        const empty = (): LoadResult => ({ latenciesMs: [], errors: 0, wallSeconds: 0 })
+        const empty = emptyLoad
         let d0 = empty()
         let r0 = empty()
         let base0 = empty()

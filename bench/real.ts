@@ -3,7 +3,7 @@ import { parseArgs } from 'node:util'
 import { Agent, request } from 'undici'
 import { spawnService, type SpawnedService } from '../common/spawn.js'
 import { decodeBody, prefillBody } from '../router/src/proxy/legs.js'
-import { closedLoop, mean, mergeLoads, percentile, positiveList, type LoadResult } from './load.js'
+import { closedLoop, emptyLoad, mean, mergeLoads, percentile, positiveList, type LoadResult } from './load.js'
 import { MODEL, VllmEngine } from './vllm-engine.js'
 
 const HELP = `usage: handoff bench real [--concurrency 1,4] [--seconds S] [--requests N] [--rounds R]
@@ -77,7 +77,7 @@ export async function runRealBench(argv: string[]): Promise<void> {
 
     const rows: string[] = []
     for (const concurrency of concurrencies) {
-      const empty = (): LoadResult => ({ latenciesMs: [], errors: 0, wallSeconds: 0 })
+      const empty = emptyLoad
       let dr = empty()
       let rr = empty()
       for (let r = 0; r < rounds; r++) {

@@ -7,7 +7,7 @@ import { Agent, request } from 'undici'
 import { freePort } from '../common/ports.js'
 import { spawnService, type SpawnedService } from '../common/spawn.js'
 import { decodeBody, prefillBody } from '../router/src/proxy/legs.js'
-import { closedLoop, mean, percentile, type LoadResult } from './load.js'
+import { closedLoop, emptyLoad, mean, mergeLoads, percentile, type LoadResult } from './load.js'
 import { cpuSeconds } from './proc-stats.js'
 
 /*
@@ -160,20 +160,20 @@ async function requestsTable(o: { p: SpawnedService; d: SpawnedService; setups: 
     for (const concurrency of o.concurrencies) {
       const loop = { concurrency, maxRequests: o.maxRequests, maxSeconds: o.seconds }
       for (const send of [direct, ...senders.values()]) await closedLoop({ ...loop, maxRequests: Math.min(100, o.maxRequests), send })
-      let floor: LoadResult = { latenciesMs: [], errors: 0, wallSeconds: 0 }
+      let floor = emptyLoad()
       const results = new Map<string, Measured>()
       for (let r = 0; r < o.rounds; r++) {
         const d = await closedLoop({ ...loop, send: direct })
-        floor = { latenciesMs: floor.latenciesMs.concat(d.latenciesMs), errors: floor.errors + d.errors, wallSeconds: floor.wallSeconds + d.wallSeconds }
+        floor = mergeLoads(floor, d)
         // Each round starts one setup later, so none always runs right after the direct client.
         for (const s of o.setups.slice(r % o.setups.length).concat(o.setups.slice(0, r % o.setups.length))) {
           const routers = (): number => s.pids.reduce((sum, pid) => sum + cpuSeconds(pid), 0)
           const redis = (): number => (s.redisPid === undefined ? 0 : cpuSeconds(s.redisPid))
           const [routersBefore, redisBefore] = [routers(), redis()]
           const load = await closedLoop({ ...loop, send: senders.get(s.key) as () => Promise<void> })
-          const prev = results.get(s.key) ?? { load: { latenciesMs: [], errors: 0, wallSeconds: 0 }, routerCpu: 0, redisCpu: 0 }
+          const prev = results.get(s.key) ?? { load: emptyLoad(), routerCpu: 0, redisCpu: 0 }
           results.set(s.key, {
-            load: { latenciesMs: prev.load.latenciesMs.concat(load.latenciesMs), errors: prev.load.errors + load.errors, wallSeconds: prev.load.wallSeconds + load.wallSeconds },
+            load: mergeLoads(prev.load, load),
             routerCpu: prev.routerCpu + routers() - routersBefore,
             redisCpu: prev.redisCpu + redis() - redisBefore,
           })

@@ -136,6 +136,7 @@ export async function openCore(config: RouterConfig, opts: CoreOptions): Promise
     log: log.child({ component: 'limits' }),
     policy: config.admission.limit,
     timeoutMs: config.health.timeoutMs,
+    queued: () => admission.queued,
     metrics: { limit: metrics.instanceLimit, changes: metrics.limitChanges, samples: metrics.engineLoadSamples },
   })
   const proxy = new CompletionProxy({

@@ -24,7 +24,7 @@ function vllmMetrics(running: number, waiting: number, ranks = 1): string {
   return `${lines.join('\n')}\n`
 }
 
-function setup(policy: Partial<LimitPolicy> = {}, answer: () => { status: number; text: string } = () => ({ status: 404, text: '' })) {
+function setup(policy: Partial<LimitPolicy> = {}, answer: () => { status: number; text: string } = () => ({ status: 404, text: '' }), queued = () => 0) {
   const clock = new ManualClock()
   const registry = new TopologyRegistry({
     clock,
@@ -45,6 +45,7 @@ function setup(policy: Partial<LimitPolicy> = {}, answer: () => { status: number
     log: pino({ level: 'silent' }),
     policy: { ...POLICY, ...policy },
     timeoutMs: 100,
+    queued,
     metrics: {
       limit: new Gauge({ name: 'limit', help: 'h', labelNames: ['instance'], registers: [reg] }),
       changes: new Counter({ name: 'changes', help: 'h', labelNames: ['direction'], registers: [reg] }),
@@ -101,6 +102,23 @@ t.test('an engine with an empty queue raises a limit that binds, by 10 %, up to 
   t.equal(limit(), 12, 'never past max')
   limits.adjust('d', { running: 11, waiting: 1 })
   t.equal(limit(), 12, 'a queue of one is neither empty nor over engineQueue: held')
+})
+
+t.test('a burst waiting in the router is let through in one raise when the engine has room', async (t) => {
+  let queued = 30
+  const { limits, fill, limit } = setup({}, undefined, () => queued)
+  fill(10)
+  limits.adjust('d', { running: 10, waiting: 0 })
+  t.equal(limit(), 40, '30 waiting: up by 30, not by 10 %')
+  queued = 0
+  fill(30)
+  limits.adjust('d', { running: 40, waiting: 0 })
+  t.equal(limit(), 44, 'none waiting: 10 %')
+  limits.adjust('d', { running: 20, waiting: 24 })
+  t.equal(limit(), 20, 'the engine queued while running 20 (this router holds 40 of its 44: 40/44 of 20 + 2)')
+  queued = 30
+  limits.adjust('d', { running: 20, waiting: 0 })
+  t.equal(limit(), 22, 'with 30 waiting, the raise stops where the engine was full (20 + engineQueue 2), not at 50')
 })
 
 t.test('the limit never goes below min', async (t) => {

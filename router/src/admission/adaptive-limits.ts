@@ -25,6 +25,8 @@ export interface AdaptiveLimitsOptions {
   log: FastifyBaseLogger
   policy: LimitPolicy
   timeoutMs: number
+  /** Requests waiting in the router's admission queue now (a raise takes at least them). */
+  queued?: () => number
   metrics: { limit: Gauge<'instance'>; changes: Counter<'direction'>; samples: Counter<'outcome'> }
 }
 
@@ -57,7 +59,10 @@ interface Trend {
  * - the engine queues more than `engineQueue` requests: down to what it runs plus
  *   `engineQueue`, times this router's share of its requests (in flight here over the
  *   engine's running + waiting), so routers sharing an engine split it in proportion;
- * - the engine queues nothing and the instance is at 90 % of its limit or more: up by 10 %.
+ * - the engine queues nothing and the instance is at 90 % of its limit or more: up by 10 %,
+ *   or by as many as wait in the router's queue when they are more, up to what the engine ran
+ *   when it last queued (a burst reaches an engine with room at once; one known to be full is
+ *   probed 10 % at a time).
  *
  * An engine without those metrics is judged by the trend of its first-token times (P's whole
  * answer, D's first streamed frame) as in gradient concurrency limits: recent ones over
@@ -71,6 +76,8 @@ interface Trend {
 export class AdaptiveLimits {
   readonly #o: AdaptiveLimitsOptions
   readonly #trends = new Map<string, Trend>()
+  /** What each engine ran when it last queued past engineQueue: its capacity, as far as seen. */
+  readonly #ceilings = new Map<string, number>()
   readonly #sampling = new Set<string>()
   readonly #unsubscribe: () => void
   #timer: ClockTimer | undefined
@@ -91,6 +98,7 @@ export class AdaptiveLimits {
       else if (change.type === 'limit') opts.metrics.limit.set({ instance: change.instanceId }, change.limit)
       else if (change.type === 'removed') {
         this.#trends.delete(change.instanceId)
+        this.#ceilings.delete(change.instanceId)
         opts.metrics.limit.remove({ instance: change.instanceId })
       }
     })
@@ -164,8 +172,14 @@ export class AdaptiveLimits {
         const total = load.running + load.waiting
         const share = total > 0 ? Math.min(1, inflight / total) : 1
         next = Math.min(limit, Math.floor(share * (load.running + policy.engineQueue)))
+        this.#ceilings.set(id, load.running)
       } else if (load.waiting === 0 && inflight >= limit * RAISE_AT) {
-        next = limit + Math.max(1, Math.ceil(limit * RAISE_BY))
+        // A burst waiting in the router goes in one step to an engine never seen full, or up
+        // to where it was last full; past that only 10 % at a time (its capacity may have grown).
+        const ceiling = this.#ceilings.get(id)
+        const waiting = this.#o.queued?.() ?? 0
+        const burst = ceiling === undefined ? waiting : Math.min(waiting, ceiling + policy.engineQueue - limit)
+        next = limit + Math.max(1, Math.ceil(limit * RAISE_BY), burst)
       }
     } else {
       const t = this.#trends.get(id)

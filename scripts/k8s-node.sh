@@ -118,10 +118,23 @@ pause_image() {
   python3 "$root/scripts/oci-image.py" --dir "$dir" --name "$PAUSE_IMAGE" --entrypoint '["/pause"]' --out "$out" 2>/dev/null
 }
 
+# Rules a node adds: kube-proxy's and the kubelet's KUBE-* chains, and ours. None of them is
+# the host's own (only this script runs a node here).
+clean_rules() {
+  if [ -x "$bin/kube-proxy" ]; then "$bin/kube-proxy" --cleanup >/dev/null 2>&1 || true; fi
+  while iptables -D FORWARD -j "$CHAIN" 2>/dev/null; do :; done
+  iptables -F "$CHAIN" 2>/dev/null || true
+  iptables -X "$CHAIN" 2>/dev/null || true
+}
+
 # The host settings the node changes, as they were: sysctls, and every iptables table (the
-# kubelet and kube-proxy add chains to filter, nat and mangle).
+# kubelet and kube-proxy add chains to filter, nat and mangle). A node that was never taken
+# down (a killed run, another checkout's state directory) left its rules and its bridge: they
+# go first, so they are neither saved as the host's nor in the way.
 record_host() {
   [ -f "$state/sysctl.saved" ] && return 0
+  clean_rules
+  ip link del "$NODE_IF" 2>/dev/null || true
   iptables-save >"$state/iptables.saved"
   for k in $SYSCTLS; do
     v=$(sysctl -n "$k" 2>/dev/null) && printf '%s=%s\n' "$k" "$v"
@@ -297,19 +310,18 @@ down() {
     rm -f "$p"
   done
   # Mounts the kubelet and containerd made (volumes, rootfs, network namespaces), deepest first.
-  grep -E " ($state|/run/netns/cni-|/var/run/netns/cni-)" /proc/mounts | awk '{print $2}' | sort -r | while read -r m; do
+  # (None at all is no failure: under pipefail a grep that finds nothing ended `down` here,
+  # before the rules and the bridge, and the next `up` found them still there.)
+  { grep -E " ($state|/run/netns/cni-|/var/run/netns/cni-)" /proc/mounts || true; } | awk '{print $2}' | sort -r | while read -r m; do
     umount -l "$m" 2>/dev/null || true
   done
   rm -f /run/netns/cni-* 2>/dev/null || true
   # The rules as they were before `up`; without that record, kube-proxy's cleanup and ours.
   if [ -f "$state/iptables.saved" ]; then
     iptables-restore <"$state/iptables.saved" || say "iptables-restore failed"
-  else
-    if [ -x "$bin/kube-proxy" ]; then "$bin/kube-proxy" --cleanup >/dev/null 2>&1 || true; fi
-    while iptables -D FORWARD -j "$CHAIN" 2>/dev/null; do :; done
-    iptables -F "$CHAIN" 2>/dev/null || true
-    iptables -X "$CHAIN" 2>/dev/null || true
   fi
+  # Whatever was saved, no rule of a node may outlive it (record_host saves a clean host).
+  clean_rules
   ip link del "$NODE_IF" 2>/dev/null || true
   # Pod veths left by a namespace that could not be torn down.
   for v in $(ip -o link show type veth 2>/dev/null | awk -F': ' '{print $2}' | cut -d@ -f1 | grep '^veth' || true); do

@@ -165,7 +165,8 @@ export async function openCore(config: RouterConfig, opts: CoreOptions): Promise
   })
   const topologyLog = log.child({ component: 'topology' })
   registry.subscribe((change) => {
-    if (change.type === 'released') return
+    // Per request, and per engine sample while busy: too frequent to log (the limits log theirs at debug).
+    if (change.type === 'released' || change.type === 'limit') return
     const role = 'role' in change ? change.role : (registry.snapshot().instances.find((i) => i.id === change.instanceId)?.role ?? 'unknown')
     if (change.type === 'removed') metrics.instanceUp.remove({ instance: change.instanceId, role })
     if (change.type === 'up' || change.type === 'down') metrics.instanceUp.set({ instance: change.instanceId, role }, change.type === 'up' ? 1 : 0)

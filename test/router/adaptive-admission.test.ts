@@ -60,7 +60,7 @@ function watch<T>(fn: () => Promise<T>): { seen: T[]; stop(): Promise<T[]> } {
 }
 
 t.test('an engine queueing past max_num_seqs pulls the limit down: the rest wait in the router, all answer 200', async (t) => {
-  const { d, url, app } = await cluster(t, 21, ['--decode-delay-ms', '25', '--max-num-seqs', '4'], 32, 200)
+  const { d, url, app, logs } = await cluster(t, 21, ['--decode-delay-ms', '25', '--max-num-seqs', '4'], 32, 200)
   let downSeen = false
   const seen = watch(async () => {
     if (app.topology.snapshot().instances.some((i) => !i.healthy)) downSeen = true
@@ -90,6 +90,11 @@ t.test('an engine queueing past max_num_seqs pulls the limit down: the rest wait
   )
   t.notOk(downSeen, 'the decoder was never marked down')
   t.match((await get(`${url}/metrics`)).text, /^handoff_router_instance_limit_changes_total\{direction="down"\} [1-9]/m)
+  t.same(
+    logs.filter((l) => String(l.msg).endsWith(': limit')).length,
+    0,
+    'limit moves are not logged at info (they come every sample while busy)',
+  )
 })
 
 t.test('an engine with an empty queue raises a limit that binds: it gets more than the initial limit at once', async (t) => {

@@ -1,5 +1,6 @@
 import { mkdtempSync, readFileSync, writeFileSync } from 'node:fs'
-import { connect, type Socket } from 'node:net'
+import { createServer } from 'node:http'
+import { connect, type AddressInfo, type Socket } from 'node:net'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import t from 'tap'
@@ -197,4 +198,47 @@ t.test('event streams that never read: paced, and cut once they stall', async (t
   t.comment(`streams: 100 unread streams over a 10,000-event log: RSS ${m.baseline.toFixed(0)} -> ${m.peak.toFixed(0)} MiB (+${m.growth.toFixed(0)}), ${cut} streams cut`)
   t.equal(cut, 100, 'every unread stream was cut')
   t.ok(m.growth < 100, `RSS growth ${m.growth.toFixed(0)} MiB < 100 MiB`)
+})
+
+t.test('a client that does not read a streamed answer: the router stops reading the engine', async (t) => {
+  // An engine that streams 16 KiB frames as fast as its socket takes them, up to 512 MiB.
+  const frame = Buffer.from(`data: ${JSON.stringify({ choices: [{ index: 0, text: 'x'.repeat(16 * 1024) }] })}\n\n`)
+  let written = 0
+  let engineClosed = false
+  const engine = createServer((req, res) => {
+    if (req.url !== '/v1/completions') return void res.end('{}')
+    res.writeHead(200, { 'content-type': 'text/event-stream' })
+    res.once('close', () => (engineClosed = true))
+    const more = (): void => {
+      while (!res.destroyed && written < 512 * MiB) {
+        written += frame.length
+        if (!res.write(frame)) return void res.once('drain', more)
+      }
+    }
+    req.resume()
+    req.once('end', more)
+  })
+  await new Promise<void>((resolve) => engine.listen(0, '127.0.0.1', resolve))
+  t.teardown(() => new Promise((resolve) => engine.close(resolve)))
+  const engineUrl = `http://127.0.0.1:${(engine.address() as AddressInfo).port}`
+  const router = await routerProcess(t, { instances: [{ id: 'b', role: 'both', url: engineUrl }], health: { intervalMs: 60_000 } })
+  const { hostname, port } = new URL(router.url)
+  const watch = watchRss(router.child.pid as number)
+  const s = connect(Number(port), hostname)
+  s.on('error', () => {})
+  const payload = JSON.stringify({ model: 'm', prompt: 'p', stream: true })
+  s.write(`POST /v1/completions HTTP/1.1\r\nhost: ${hostname}\r\ncontent-type: application/json\r\ncontent-length: ${payload.length}\r\n\r\n${payload}`)
+  // Paused, with no 'data' listener: nothing is read past the socket's own buffers.
+  s.pause()
+  await new Promise((resolve) => setTimeout(resolve, 2000))
+  const m = watch.stop()
+  const stalled = written
+  t.comment(`engine wrote ${(stalled / MiB).toFixed(1)} MiB to an unread stream in 2 s; router RSS +${m.growth.toFixed(0)} MiB`)
+  // Socket buffers on the way (engine → router → client) hold some MiB; the rest waits.
+  t.ok(stalled < 64 * MiB, `the engine could write ${(stalled / MiB).toFixed(1)} MiB < 64 MiB`)
+  t.ok(m.growth < 100, `RSS growth ${m.growth.toFixed(0)} MiB < 100 MiB`)
+  s.destroy()
+  const until = Date.now() + 5000
+  while (!engineClosed && Date.now() < until) await new Promise((resolve) => setTimeout(resolve, 20))
+  t.ok(engineClosed, 'the client left: the router closed its call to the engine')
 })

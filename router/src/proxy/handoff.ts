@@ -122,7 +122,7 @@ export class HandoffRunner {
       // vLLM answers a failed KV load with 500 (kv_load_failure_policy=fail), or, streamed,
       // with 200 and then an error event; such failures are often the pair's, not either engine's.
       const [p, d] = [pd.prefill.id, answer.call.target.id]
-      const { statusCode, headers: head } = answer.answer.res
+      const { statusCode, headers: head } = answer.answer
       if (statusCode >= 500) pairs.recordFailure(p, d)
       else if (statusCode < 400 && String(head['content-type'] ?? '').startsWith('text/event-stream')) {
         answer.pairVerdict = (ok) => (ok ? pairs.recordSuccess(p, d) : pairs.recordFailure(p, d))
@@ -218,10 +218,10 @@ export class HandoffRunner {
     }
     const answer = await upstream.send(call)
     const text = await upstream.readAll(call, answer)
-    const status = answer.res.statusCode
+    const status = answer.statusCode
     if (status < 400) upstream.firstToken(call, answer)
     if (status >= 500) throw upstream.statusFailure(call, status, text)
-    if (status >= 400) return { status, contentType: String(answer.res.headers['content-type'] ?? JSON_TYPE), body: text }
+    if (status >= 400) return { status, contentType: String(answer.headers['content-type'] ?? JSON_TYPE), body: text }
     let parsed: unknown
     try {
       parsed = JSON.parse(text.toString('utf8'))

@@ -61,7 +61,7 @@ export class CompletionProxy {
       return reply.code(a.status).type(a.contentType).send(a.body)
     }
     const { upstream } = this.#deps
-    const { res } = a.answer
+    const res = a.answer
     const contentType = String(res.headers['content-type'] ?? JSON_TYPE)
     if (res.statusCode >= 400) {
       a.handoff.decodeFailed()
@@ -97,15 +97,13 @@ export class CompletionProxy {
     const { upstream } = this.#deps
     let answer: Body
     try {
-      answer = await assembleStream(a.answer.res.body as AsyncIterable<Buffer>, isChat(a), (kind) => firstFrame(upstream, a, kind))
+      answer = await assembleStream(a.answer.body, isChat(a), (kind) => firstFrame(upstream, a, kind))
     } catch (err) {
       // The client left (the caller answers for that), or the first token came too late.
       if (a.call.signal.aborted || isRouterError(err)) throw err
       if (err instanceof StreamedError) throw upstream.statusFailure(a.call, 500, Buffer.from(err.event))
       if (err instanceof SyntaxError) throw upstream.fail(a.call, { kind: 'bad-response', detail: 'a stream frame is not JSON', cause: err })
       throw upstream.fail(a.call, { kind: 'transport', cause: err })
-    } finally {
-      a.answer.settle()
     }
     return a.fromPrefill ? withPrefillFacts(answer, a.fromPrefill, isChat(a)) : answer
   }
@@ -115,7 +113,7 @@ export class CompletionProxy {
       ex,
       subs.map((s) => this.#runner.run(ex, s.view, path)),
     )
-    const bad = answers.find((a) => a.kind === 'engine-error' || a.answer.res.statusCode >= 400)
+    const bad = answers.find((a) => a.kind === 'engine-error' || a.answer.statusCode >= 400)
     if (bad) {
       // The first failed prompt answers for the batch; the other prompts' legs are stopped.
       try {
@@ -143,7 +141,7 @@ export class CompletionProxy {
       )
       return reply.code(200).type(JSON_TYPE).send(mergeCompletions(subs, parsed))
     }
-    const streams = ok.map((a) => a.answer.res.body as AsyncIterable<Buffer>)
+    const streams = ok.map((a) => a.answer.body)
     const merged = async function* (this: void): AsyncGenerator<string> {
       try {
         yield* mergeStreams(body, subs, streams, (i, kind) => firstFrame(upstream, ok[i] as Answer & { kind: 'upstream' }, kind))
@@ -163,7 +161,7 @@ export class CompletionProxy {
           return
         }
         if (ex.signal.aborted) return
-        const failed = ok.find((a) => a.answer.res.body.errored) ?? (ok[0] as Answer & { kind: 'upstream' })
+        const failed = ok.find((a) => a.answer.body.failed) ?? (ok[0] as Answer & { kind: 'upstream' })
         const mapped = upstream.fail(failed.call, { kind: 'transport', cause: err }).error
         ex.outcome(mapped.code)
         ex.abortUpstream(new BatchAborted())

@@ -1,5 +1,4 @@
 import { Readable } from 'node:stream'
-import type { Dispatcher } from 'undici'
 import { errorEvent, isRouterError, type CodedError, type RouterErrorCode } from '../errors.js'
 import { withPrefillFacts, type PrefillFacts } from './prefill-facts.js'
 
@@ -133,7 +132,7 @@ export function firstVerdict(buf: Buffer): 'data' | 'error' | undefined {
  * the stream ends with a whole error event (and [DONE]) instead. D's own error events pass
  * through as they are; the hooks hear of them.
  */
-export function relaySse(body: Dispatcher.ResponseData['body'], hooks: RelayHooks): Readable {
+export function relaySse(body: AsyncIterable<Buffer>, hooks: RelayHooks): Readable {
   async function* frames(): AsyncGenerator<Buffer> {
     let pending: Buffer | undefined
     let judged = false
@@ -152,7 +151,7 @@ export function relaySse(body: Dispatcher.ResponseData['body'], hooks: RelayHook
       return hooks.rewrite ? hooks.rewrite(whole) : whole
     }
     try {
-      for await (const chunk of body as AsyncIterable<Buffer>) {
+      for await (const chunk of body) {
         const buf = pending ? Buffer.concat([pending, chunk]) : chunk
         const cut = buf.length > MAX_PENDING ? buf.length : frameEnd(buf)
         pending = cut < buf.length ? buf.subarray(cut) : undefined

@@ -1,5 +1,7 @@
 import { Readable } from 'node:stream'
-import { request, type Dispatcher } from 'undici'
+import type { IncomingHttpHeaders } from 'node:http'
+import type { Dispatcher } from 'undici'
+import { AnswerBody } from './answer-body.js'
 import type { CodedError, RouterErrorCode } from '../errors.js'
 import type { RouterMetrics } from '../metrics.js'
 import type { TopologyRegistry } from '../topology/registry.js'
@@ -46,13 +48,12 @@ export class LegFailure extends Error {
 }
 
 export interface UpstreamAnswer {
-  res: Dispatcher.ResponseData
-  /** Aborts when the client leaves or the call's deadline passes; reads of `res.body` honour it. */
-  signal: AbortSignal
-  /** Stops the deadline timer once the answer is read. */
-  settle(): void
+  readonly statusCode: number
+  readonly headers: IncomingHttpHeaders
+  /** Fails when the client leaves, the call's deadline passes or the connection breaks. */
+  readonly body: AnswerBody
   /** performance.now() when the call went out (firstToken measures from it). */
-  sentAt: number
+  readonly sentAt: number
 }
 
 class DeadlinePassed extends Error {}
@@ -60,12 +61,19 @@ class DeadlinePassed extends Error {}
 /**
  * Talks to engines. Every failure of a call is mapped here, once, and only a failure to
  * connect is reported to the registry against the instance's health.
+ *
+ * Calls go through undici's dispatch with a handler of our own (InFlight) rather than
+ * request(): no Readable per answer, no signal wiring inside undici, the body read whole or
+ * chunk by chunk from AnswerBody. On the two-leg path that was a fifth of the router's CPU
+ * per request (docs/benchmarks.md, "Router CPU per request").
  */
 export class Upstream {
   readonly #dispatcher: Dispatcher
   readonly #registry: TopologyRegistry
   readonly #metrics: RouterMetrics
   readonly #onFirstToken: ((id: string, ms: number) => void) | undefined
+  /** Each target URL's origin and path prefix, parsed once. */
+  readonly #origins = new Map<string, { origin: string; prefix: string }>()
 
   /** `onFirstToken`: hears how long each engine took to its first token (adaptive-limits.ts). */
   constructor(opts: { dispatcher: Dispatcher; registry: TopologyRegistry; metrics: RouterMetrics; onFirstToken?: (id: string, ms: number) => void }) {
@@ -81,53 +89,49 @@ export class Upstream {
   }
 
   async send(call: UpstreamCall): Promise<UpstreamAnswer> {
-    const sentAt = performance.now()
-    const deadline = call.deadlineMs === undefined ? undefined : withDeadline(call.signal, call.deadlineMs)
-    const signal = deadline ? deadline.signal : call.signal
-    const settle = (): void => deadline?.clear()
     // A body up to COALESCE_BYTES goes out as one Buffer: one write, no stream. A larger one (a
     // batch sharing a big pass-through field) as its shared Buffers one after another, none
     // copied, a fresh stream per try. Sent chunk by chunk through a stream, every body cost a
     // stream and several socket writes per leg: up to 50% more router CPU per request
     // (docs/benchmarks.md, "Router overhead").
     const whole = call.payload.bytes <= COALESCE_BYTES ? Buffer.concat(call.payload.chunks, call.payload.bytes) : undefined
-    const options = () => ({
-      method: 'POST' as const,
+    const { origin, prefix } = this.#origin(call.target.url)
+    const options = (): Dispatcher.DispatchOptions => ({
+      origin,
+      path: prefix + call.path,
+      method: 'POST',
       body: whole ?? Readable.from(call.payload.chunks),
       headers: { ...call.headers, 'content-length': String(call.payload.bytes) },
-      signal,
-      dispatcher: this.#dispatcher,
       headersTimeout: call.headersTimeoutMs,
       bodyTimeout: call.bodyTimeoutMs,
     })
-    const url = call.target.url + call.path
+    const sentAt = performance.now()
+    const flight = new InFlight(call, sentAt)
+    let answer: UpstreamAnswer
     try {
-      let res: Dispatcher.ResponseData
       try {
-        res = await request(url, options())
+        answer = await flight.dispatch(this.#dispatcher, options())
       } catch (err) {
         // An idle keep-alive socket the engine closed just as the request went out: the engine
         // never read it, so it is sent once more on a fresh connection.
-        if (signal.aborted || !closedWhileIdle(err)) throw err
-        res = await request(url, options())
+        if (flight.stopped || !closedWhileIdle(err)) throw err
+        answer = await flight.dispatch(this.#dispatcher, options())
       }
-      // It answered: whatever the status, the instance is reachable.
-      this.#registry.recordSuccess(call.target.id)
-      return { res, signal, settle, sentAt }
     } catch (err) {
-      settle()
-      throw this.#failure(call, signal, err)
+      flight.close()
+      throw this.#failure(call, err)
     }
+    // It answered: whatever the status, the instance is reachable.
+    this.#registry.recordSuccess(call.target.id)
+    return answer
   }
 
   /** The whole body; a failure while reading is mapped like one while sending. */
   async readAll(call: UpstreamCall, answer: UpstreamAnswer): Promise<Buffer> {
     try {
-      return Buffer.from(await answer.res.body.arrayBuffer())
+      return await answer.body.whole()
     } catch (err) {
-      throw this.#failure(call, answer.signal, err)
-    } finally {
-      answer.settle()
+      throw this.#failure(call, err)
     }
   }
 
@@ -144,34 +148,120 @@ export class Upstream {
     return failed
   }
 
-  #failure(call: UpstreamCall, signal: AbortSignal, err: unknown): Error {
+  #failure(call: UpstreamCall, err: unknown): Error {
     if (call.signal.aborted) return call.signal.reason instanceof Error ? call.signal.reason : new ClientGone()
-    if (signal.aborted && signal.reason instanceof DeadlinePassed) {
+    if (err instanceof DeadlinePassed) {
       return this.fail(call, { kind: 'transport', cause: Object.assign(new Error(`no whole answer within ${call.deadlineMs} ms`), { code: 'ETIMEDOUT' }) })
     }
     return this.fail(call, { kind: 'transport', cause: err })
   }
+
+  #origin(url: string): { origin: string; prefix: string } {
+    let o = this.#origins.get(url)
+    if (!o) {
+      const u = new URL(url)
+      o = { origin: u.origin, prefix: u.pathname.replace(/\/+$/, '') }
+      this.#origins.set(url, o)
+    }
+    return o
+  }
 }
 
 /**
- * A signal that aborts with the parent or after `ms`. Built by hand: AbortSignal.any on
- * Node 20 tracks its sources through weak references and a FinalizationRegistry, which showed
- * up as several times the garbage-collection time of the whole router in a CPU profile.
+ * One call in flight, as undici's dispatch handler: it answers `dispatch` with the head,
+ * feeds the body, and stops the call when the client leaves (the call's signal) or its
+ * deadline passes. `close` is its end, whichever way the call ended.
  */
-function withDeadline(parent: AbortSignal, ms: number): { signal: AbortSignal; clear(): void } {
-  const ac = new AbortController()
-  const onParent = (): void => ac.abort(parent.reason)
-  const timer = setTimeout(() => ac.abort(new DeadlinePassed()), ms)
-  timer.unref()
-  if (parent.aborted) onParent()
-  else parent.addEventListener('abort', onParent, { once: true })
-  return {
-    signal: ac.signal,
-    clear: () => {
-      clearTimeout(timer)
-      parent.removeEventListener('abort', onParent)
-    },
+class InFlight implements Dispatcher.DispatchHandler {
+  readonly #call: UpstreamCall
+  readonly #sentAt: number
+  readonly #timer: NodeJS.Timeout | undefined
+  #controller: Dispatcher.DispatchController | undefined
+  #stopped: Error | undefined
+  #body: AnswerBody | undefined
+  #settle: { resolve(a: UpstreamAnswer): void; reject(err: unknown): void } | undefined
+  #closed = false
+
+  constructor(call: UpstreamCall, sentAt: number) {
+    this.#call = call
+    this.#sentAt = sentAt
+    if (call.signal.aborted) this.#stopped = reasonOf(call.signal)
+    else call.signal.addEventListener('abort', this.#onAbort)
+    if (call.deadlineMs !== undefined) {
+      this.#timer = setTimeout(() => this.#stop(new DeadlinePassed()), call.deadlineMs)
+      this.#timer.unref()
+    }
   }
+
+  get stopped(): boolean {
+    return this.#stopped !== undefined
+  }
+
+  dispatch(dispatcher: Dispatcher, options: Dispatcher.DispatchOptions): Promise<UpstreamAnswer> {
+    return new Promise((resolve, reject) => {
+      if (this.#stopped) return reject(this.#stopped)
+      this.#settle = { resolve, reject }
+      this.#controller = undefined
+      dispatcher.dispatch(options, this)
+    })
+  }
+
+  onRequestStart(controller: Dispatcher.DispatchController): void {
+    this.#controller = controller
+    if (this.#stopped) controller.abort(this.#stopped)
+  }
+
+  onResponseStart(controller: Dispatcher.DispatchController, statusCode: number, headers: IncomingHttpHeaders): void {
+    if (statusCode < 200) return
+    this.#body = new AnswerBody(() => controller.resume())
+    this.#settle?.resolve({ statusCode, headers, body: this.#body, sentAt: this.#sentAt })
+    this.#settle = undefined
+  }
+
+  onResponseData(controller: Dispatcher.DispatchController, chunk: Buffer): void {
+    if (this.#body && !this.#body.push(chunk)) controller.pause()
+  }
+
+  onResponseEnd(): void {
+    this.#body?.end()
+    this.close()
+  }
+
+  onResponseError(_controller: Dispatcher.DispatchController, err: Error): void {
+    if (this.#body) {
+      this.#body.fail(this.#stopped ?? err)
+      this.close()
+      return
+    }
+    // Before an answer: the caller may try once more (send), so the call stays open.
+    this.#settle?.reject(this.#stopped ?? err)
+    this.#settle = undefined
+  }
+
+  close(): void {
+    if (this.#closed) return
+    this.#closed = true
+    if (this.#timer) clearTimeout(this.#timer)
+    this.#call.signal.removeEventListener('abort', this.#onAbort)
+  }
+
+  readonly #onAbort = (): void => this.#stop(reasonOf(this.#call.signal))
+
+  #stop(reason: Error): void {
+    if (this.#stopped || this.#closed) return
+    this.#stopped = reason
+    if (this.#controller) this.#controller.abort(reason)
+    else {
+      // Still waiting for a connection: the caller hears now; undici drops the request when
+      // it reaches a socket (onRequestStart).
+      this.#settle?.reject(reason)
+      this.#settle = undefined
+    }
+  }
+}
+
+function reasonOf(signal: AbortSignal): Error {
+  return signal.reason instanceof Error ? signal.reason : new ClientGone()
 }
 
 /**

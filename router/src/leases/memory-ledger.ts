@@ -195,7 +195,8 @@ export class MemoryLeaseLedger implements LeaseLedger {
         this.#metrics?.released.inc({ reason })
       }
     }
-    this.#ended.set(rec.requestId, rec)
+    // Kept only to be counted for retentionMs (none by default).
+    if (this.#o.retentionMs > 0) this.#ended.set(rec.requestId, rec)
     this.#o.onUnread?.('delete', rec)
     for (const l of this.#listeners) l(rec)
   }

@@ -17,6 +17,9 @@ type Mapped = CodedError & { code: RouterErrorCode }
 
 const JSON_TYPE = 'application/json'
 
+/** The members any leg may change: SharedBody serialises the rest once for all legs. */
+const VOLATILE: ReadonlySet<string> = new Set([...LEG_MEMBERS, ...SPLIT_MEMBERS])
+
 /** One sub-request of a batch failed: the others are stopped (their signal carries this). */
 class BatchAborted extends Error {}
 
@@ -43,7 +46,7 @@ export class CompletionProxy {
       const problem = vllmRequestProblem(body, isChatPath(path))
       if (problem) throw new RTR_ERR_INVALID_REQUEST(problem.message)
       // Every leg of every handoff is a view of this one body, serialised once (shared-body.ts).
-      const root = new SharedBody(withoutClientParams(body), [...LEG_MEMBERS, ...SPLIT_MEMBERS]).view()
+      const root = new SharedBody(withoutClientParams(body), VOLATILE).view()
       const subs = splitRequest(body, path, root)
       if (subs && subs.length > this.#deps.maxHandoffsPerRequest) throw new RTR_ERR_TOO_MANY_HANDOFFS(subs.length, this.#deps.maxHandoffsPerRequest)
       if (subs && subs.length > 1) return await this.#batch(ex, reply, body, subs, path)

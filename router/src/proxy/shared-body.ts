@@ -26,9 +26,10 @@ export class SharedBody {
   /** Members views set, by key and value: a batch prompt is serialised once for both its legs. */
   readonly #set = new Map<string, Map<unknown, Buffer>>()
 
+  /** `volatile`: a Set is used as it is (callers keep one for every request). */
   constructor(body: Body, volatile: Iterable<string>) {
     this.body = body
-    this.#volatile = new Set(volatile)
+    this.#volatile = volatile instanceof Set ? volatile : new Set(volatile)
   }
 
   /** The root view: the body as it is. */

@@ -10,6 +10,8 @@ const benches: Record<string, () => Promise<(argv: string[]) => Promise<void>>> 
   connector: async () => (await import('./connector.js')).runConnectorBench,
   // Several routers on one Redis against one in memory (issue 10).
   routers: async () => (await import('./routers.js')).runRoutersBench,
+  // This build's router against another build's, serving at once (issue 23 item 2).
+  paired: async () => (await import('./paired.js')).runPairedBench,
   // Internal: the baseline proxy that `overhead` starts as a child process.
   'bare-proxy': async () => (await import('./bare-proxy.js')).runBareProxy,
 }

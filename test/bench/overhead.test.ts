@@ -42,3 +42,17 @@ t.test('handoff bench overhead --overload-only runs the busy-decoder case beside
   t.match(rows[1], /down in 0\/\d+ samples, 0 ejections/, "the router's view of the decoder is reported")
   if (anchor) t.match(stdout, /Against vLLM Router in the same run: goodput \(200s per second in the steady window\) [0-9.]+x, p99 [0-9.]+x/, 'and the ratios against vLLM Router')
 })
+
+t.test('handoff bench paired: this build beside a baseline, serving at once, a row per round', async (t) => {
+  // This build as its own baseline: the smoke run checks the command, not a change.
+  const { stdout } = await promisify(execFile)(process.execPath, [cliEntry, 'bench', 'paired', '--baseline', cliEntry, '--concurrency', '4', '--rounds', '2', '--seconds', '1'], { timeout: 90_000 })
+  const rows = stdout.split('\n').filter((l) => /^\| \d+ \|/.test(l))
+  t.equal(rows.length, 2, 'a row per round')
+  for (const row of rows) {
+    const cells = row.split('|').map((c) => c.trim())
+    t.ok(Number(cells[2]) > 0 && Number(cells[3]) > 0 && Number(cells[4]) > 0, `CPU per request on both sides and their ratio: ${row}`)
+    t.equal(cells[8], '0 / 0', 'no request failed')
+  }
+  const usage = await promisify(execFile)(process.execPath, [cliEntry, 'bench', 'paired']).catch((err: { code: number; stdout: string }) => err)
+  t.equal((usage as { code?: number }).code, 2, 'without --baseline: usage, exit 2')
+})

@@ -72,7 +72,7 @@ export class Upstream {
   readonly #registry: TopologyRegistry
   readonly #metrics: RouterMetrics
   readonly #onFirstToken: ((id: string, ms: number) => void) | undefined
-  /** Each target URL's origin and path prefix, parsed once. */
+  /** Target URLs' origins and path prefixes, parsed once each. */
   readonly #origins = new Map<string, { origin: string; prefix: string }>()
 
   /** `onFirstToken`: hears how long each engine took to its first token (adaptive-limits.ts). */
@@ -159,6 +159,8 @@ export class Upstream {
   #origin(url: string): { origin: string; prefix: string } {
     let o = this.#origins.get(url)
     if (!o) {
+      // Instances come and go (discovery): the cache starts over rather than grow for ever.
+      if (this.#origins.size >= 1024) this.#origins.clear()
       const u = new URL(url)
       o = { origin: u.origin, prefix: u.pathname.replace(/\/+$/, '') }
       this.#origins.set(url, o)

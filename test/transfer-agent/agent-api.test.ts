@@ -225,7 +225,11 @@ t.test('heartbeats reach P during a slow READ (tcp, 32 MiB)', { skip }, async (t
   })
   t.equal(pull.status, 200, JSON.stringify(pull.body))
   t.ok(ids.every((i) => sameBytes(dr.block(i), pr.block(i))), 'all 32 MiB arrived')
-  const sent = await D.metric('handoff_agent_heartbeats_total', { outcome: 'ok' })
+  // D counts a heartbeat when its send returns: `ok`, or `failed` when the send took longer
+  // than the deadline proof allows (a loaded machine), though the notification left anyway;
+  // one in flight as the READ ended is counted a moment after the pull answered.
+  const sentBy = async (outcome: 'ok' | 'failed'): Promise<number> => D.metric('handoff_agent_heartbeats_total', { outcome })
+  const sent = await sentBy('ok')
   if (sent === 0) {
     t.comment('the READ finished before the first heartbeat was due: nothing to check')
     return
@@ -242,7 +246,9 @@ t.test('heartbeats reach P during a slow READ (tcp, 32 MiB)', { skip }, async (t
     await new Promise((resolve) => setTimeout(resolve, 50))
     got = await reached()
   }
-  t.comment(`READ ${Math.round(pull.body.readMicros / 1000)} ms; heartbeats sent ${sent}, on P: ${got.extended} extended the lease, ${got.unknown} came after it ended`)
-  t.equal(got.extended + got.unknown, sent, 'every heartbeat sent reached P')
-  t.ok(got.extended <= sent, 'never more extensions than heartbeats sent')
+  const left = (await sentBy('ok')) + (await sentBy('failed'))
+  t.comment(`READ ${Math.round(pull.body.readMicros / 1000)} ms; heartbeats sent ${sent} ok (${left} left D in all), on P: ${got.extended} extended the lease, ${got.unknown} came after it ended`)
+  t.ok(got.extended + got.unknown >= sent, 'every heartbeat sent reached P')
+  t.ok(got.extended + got.unknown <= left, 'and P heard none that D did not send')
+  t.ok(got.extended <= left, 'never more extensions than heartbeats sent')
 })

@@ -15,7 +15,6 @@ noisy VM that ratio varies by about ±2 % between rounds (two copies of one buil
 one after another drift by ±30 %. Use it to judge a change to the request path.`
 
 interface Side {
-  label: string
   pid: number
   url: string
   latenciesMs: number[]
@@ -49,9 +48,10 @@ export async function runPairedBench(argv: string[]): Promise<void> {
   const cluster = await startBenchCluster()
   try {
     const [mine, base] = await Promise.all([cluster.router(), cluster.router(values.baseline)])
+    // The baseline first, this build second: the columns of each row.
     const sides: Side[] = [
-      { label: 'baseline', pid: base.child.pid as number, url: base.url, latenciesMs: [], done: 0, errors: 0 },
-      { label: 'this build', pid: mine.child.pid as number, url: mine.url, latenciesMs: [], done: 0, errors: 0 },
+      { pid: base.child.pid as number, url: base.url, latenciesMs: [], done: 0, errors: 0 },
+      { pid: mine.child.pid as number, url: mine.url, latenciesMs: [], done: 0, errors: 0 },
     ]
     let next = 0
     const send = async (): Promise<void> => {

@@ -149,7 +149,7 @@ export class Upstream {
   }
 
   #failure(call: UpstreamCall, err: unknown): Error {
-    if (call.signal.aborted) return call.signal.reason instanceof Error ? call.signal.reason : new ClientGone()
+    if (call.signal.aborted) return reasonOf(call.signal)
     if (err instanceof DeadlinePassed) {
       return this.fail(call, { kind: 'transport', cause: Object.assign(new Error(`no whole answer within ${call.deadlineMs} ms`), { code: 'ETIMEDOUT' }) })
     }

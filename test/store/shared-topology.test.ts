@@ -1,12 +1,8 @@
 import t from 'tap'
-import { systemClock } from '../../common/clock.js'
-import { AgentDirectory } from '../../router/src/events/agent-directory.js'
-import { StoreConnection } from '../../router/src/store/connection.js'
-import { LeaderLock } from '../../router/src/store/leader.js'
-import { SharedTopology } from '../../router/src/store/shared-topology.js'
-import { TopologyRegistry } from '../../router/src/topology/registry.js'
+import type { TopologyRegistry } from '../../router/src/topology/registry.js'
 import { type Teardown, waitFor } from '../helpers/cluster.js'
-import { needRedis, startRedis } from '../helpers/redis.js'
+import { needRedis } from '../helpers/redis.js'
+import { sharedRouters } from '../helpers/shared-routers.js'
 
 /*
  * Issue 10: two routers' registries and agent directories kept in step through one real
@@ -15,41 +11,8 @@ import { needRedis, startRedis } from '../helpers/redis.js'
  * (tombstones), stream presence, and a resync after Redis came back empty.
  */
 
-const policy = { unhealthyThreshold: 1, baseEjectionMs: 1000, maxEjectionMs: 2000 }
 const config = [{ id: 'p0', role: 'prefill' as const, url: 'http://127.0.0.1:1001' }]
-const quiet = { info: () => {}, warn: () => {} }
-
-async function setup(t: Teardown) {
-  const server = await startRedis(t)
-  const conn = await StoreConnection.open({ url: server.url, commandTimeoutMs: 300, maxBackoffMs: 100 })
-  t.teardown(() => conn.close())
-  const prefix = 'st:'
-  const alive = new Set<string>()
-  const router = async (routerId: string) => {
-    const registry = new TopologyRegistry({ clock: systemClock, policy, instances: config })
-    const agents = new AgentDirectory({ clock: systemClock })
-    const leader = new LeaderLock({ redis: conn.client, routerId, prefix, ttlMs: 600, clock: systemClock })
-    await leader.start()
-    t.teardown(() => leader.stop())
-    alive.add(routerId)
-    const shared = new SharedTopology({
-      redis: conn.client,
-      prefix,
-      routerId,
-      registry,
-      agents,
-      clock: systemClock,
-      routers: { alive: async () => [...alive] },
-      leader,
-      logger: quiet,
-      retryMs: 50,
-    })
-    await shared.start()
-    t.teardown(() => shared.close())
-    return { registry, agents, leader, shared }
-  }
-  return { server, conn, router, alive }
-}
+const setup = (t: Teardown) => sharedRouters(t, { prefix: 'st:', instances: config })
 
 const view = (r: TopologyRegistry, id: string) => r.snapshot().instances.find((i) => i.id === id)
 

@@ -45,6 +45,7 @@ const drainStatus = {
     removed: { type: 'boolean' },
     inflight: { type: 'integer' },
     unreadLeases: { type: 'integer' },
+    unheardRouters: { type: 'integer' },
     waitedMs: { type: 'integer' },
   },
   required: ['id', 'drained', 'removed', 'inflight', 'unreadLeases'],

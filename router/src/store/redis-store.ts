@@ -85,7 +85,18 @@ export async function openRedisStore(deps: RouterStoreDeps): Promise<RouterStore
       return l
     },
     share: async ({ registry, agents }) => {
-      topology = new SharedTopology({ redis, prefix, routerId, registry, agents, clock, routers: members, leader, logger })
+      topology = new SharedTopology({
+        redis,
+        prefix,
+        routerId,
+        registry,
+        agents,
+        clock,
+        routers: members,
+        leader,
+        logger,
+        beforeInflight: async () => (await Promise.all(ledgers.map((l) => l.flush()))).every(Boolean),
+      })
       await topology.start()
       const t = topology
       return {

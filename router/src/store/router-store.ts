@@ -6,6 +6,7 @@ import type { LoggedEvent } from '../events/event-log.js'
 import type { StreamPresence } from '../events/router-events.js'
 import type { LeaseLedger, LeaseRecord } from '../leases/ledger.js'
 import { MemoryLeaseLedger, type MemoryLeaseLedgerOptions } from '../leases/memory-ledger.js'
+import type { RemoteInflight } from '../topology/drainer.js'
 import type { TopologyRegistry } from '../topology/registry.js'
 import type { StoreLogger, StoreState } from './store-state.js'
 import type { StoreConnectionMetrics } from './connection.js'
@@ -43,7 +44,7 @@ export interface RouterStore {
 export interface SharedParts extends StreamPresence {
   opened(agentId: string): void
   closed(agentId: string): void
-  remoteInflight(instanceId: string): Promise<number>
+  remoteInflight(instanceId: string): Promise<RemoteInflight>
   /** The prober leader shares all its verdicts (after its first round as leader). */
   publishVerdicts(): void
 }

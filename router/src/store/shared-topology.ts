@@ -3,6 +3,7 @@ import type { Clock } from '../../../common/clock.js'
 import type { InstanceConfig } from '../../../schemas/router-config.js'
 import type { AgentDirectory, AgentRecord } from '../events/agent-directory.js'
 import type { StreamPresence } from '../events/router-events.js'
+import type { RemoteInflight } from '../topology/drainer.js'
 import type { InstanceSource, TopologyChange, TopologyRegistry } from '../topology/registry.js'
 import { READER_BLOCK_MS } from './connection.js'
 import type { LeaderLock } from './leader.js'
@@ -22,7 +23,8 @@ import type { LeaderLock } from './leader.js'
  *   while the writer still leads: LeaderLock.fenced checks its term in the same script);
  * - `agents`: hash, agent id → its record, or a tombstone;
  * - `agents:streams`: hash, agent id → the router holding its event stream;
- * - `inflight:<instance>`: hash, router id → its requests in flight there (draining ones only);
+ * - `inflight:<instance>`: hash, router id → its requests in flight there (draining ones only;
+ *   a live router with no entry has not heard of the drain yet);
  * - `topology`: a stream of change notices `{t: table, k: key, r: router}`; each router tails
  *   it and reloads the keys other routers changed.
  */
@@ -44,7 +46,19 @@ export interface SharedTopologyOptions {
   /** Notices kept in the change stream (approximate; default 10,000). */
   noticeRetention?: number
   retryMs?: number
+  /**
+   * Awaited before this router publishes what it has in flight at a draining instance: the
+   * lease ledger's mirror write (RedisLeaseLedger.flush). A prefill leg's lease is issued
+   * before its slot goes back, and a drain on another router reads the counts before the
+   * leases, so the lease must be in Redis before the count that no longer holds the leg.
+   * False: they could not be written, and the older (higher) count stands until the next
+   * change or resync.
+   */
+  beforeInflight?: () => Promise<boolean>
 }
+
+/** Each router's count of a draining instance outlives its last change by this much at most (a backstop: a drain ends by removing the hash). */
+const INFLIGHT_TTL_MS = 3600_000
 
 interface InstanceRecord {
   id: string
@@ -162,6 +176,8 @@ export class SharedTopology implements StreamPresence {
       if (!(id in instances) && described && (described.source !== 'config' || described.engineId || described.draining)) await this.#put('instances', id, this.#instanceRow(id) as InstanceRecord, true)
     }
     for (const a of this.#o.agents.all()) if (!(a.agentId in agents)) await this.#put('agents', a.agentId, { ...withoutStreams(a), at: now }, true)
+    // Counts at draining instances that could not be published meanwhile.
+    for (const id of this.#o.registry.ids()) if (this.#o.registry.describe(id)?.draining) this.#publishInflight(id)
     // Old tombstones go (any router may do it; HDEL of a field already gone is harmless).
     const stale = [
       ...Object.entries(instances).filter(([, raw]) => isOldTombstone(raw, now, ttl)),
@@ -206,13 +222,22 @@ export class SharedTopology implements StreamPresence {
     }
   }
 
-  /** Requests in flight at `instanceId` on the other live routers (published while it drains). */
-  async remoteInflight(instanceId: string): Promise<number> {
+  /**
+   * Requests in flight at `instanceId` on the other live routers (published while it drains),
+   * and how many of them have published nothing yet: they have not heard of the drain, and
+   * may have a leg there that nobody counts.
+   */
+  async remoteInflight(instanceId: string): Promise<RemoteInflight> {
     const [counts, alive] = await Promise.all([this.#o.redis.hgetall(`${this.#o.prefix}inflight:${instanceId}`), this.#o.routers.alive()])
-    const live = new Set(alive)
-    let n = 0
-    for (const [router, count] of Object.entries(counts)) if (router !== this.#o.routerId && live.has(router)) n += Number(count)
-    return n
+    let inflight = 0
+    let unheard = 0
+    for (const router of alive) {
+      if (router === this.#o.routerId) continue
+      const count = counts[router]
+      if (count === undefined) unheard++
+      else inflight += Number(count)
+    }
+    return { inflight, unheard }
   }
 
   async close(): Promise<void> {
@@ -252,9 +277,16 @@ export class SharedTopology implements StreamPresence {
     }
   }
 
+  /** Publishes this router's count at a draining instance, once its leases are in Redis (beforeInflight); the count is read when it is sent. */
   #publishInflight(id: string): void {
-    const inflight = this.#o.registry.snapshot().instances.find((i) => i.id === id)?.inflight ?? 0
-    this.#o.redis.hset(`${this.#o.prefix}inflight:${id}`, this.#o.routerId, inflight).catch(() => {})
+    const publish = (): void => {
+      if (this.#closed || !this.#o.registry.describe(id)?.draining) return
+      const inflight = this.#o.registry.load(id)?.inflight ?? 0
+      const key = `${this.#o.prefix}inflight:${id}`
+      this.#o.redis.multi().hset(key, this.#o.routerId, inflight).pexpire(key, INFLIGHT_TTL_MS).exec().catch(() => {})
+    }
+    if (!this.#o.beforeInflight) return publish()
+    this.#o.beforeInflight().then((written) => written && publish(), () => {})
   }
 
   #instanceRow(id: string): InstanceRecord | undefined {

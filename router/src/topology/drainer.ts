@@ -13,6 +13,18 @@ export interface DrainStatus {
   removed: boolean
   inflight: number
   unreadLeases: number
+  /**
+   * Other routers sharing the store that have not yet said what they have in flight there
+   * (they have not heard of the drain yet); present only when some have not. Not drained
+   * until each has.
+   */
+  unheardRouters?: number
+}
+
+/** Requests in flight at an instance on the other routers, and how many of those have not said. */
+export interface RemoteInflight {
+  inflight: number
+  unheard: number
 }
 
 export interface RemoveResult {
@@ -34,7 +46,7 @@ export interface DrainerOptions {
   /** How often a pending drain is looked at again (leases also end by time). Default 250 ms. */
   pollMs?: number
   /** Requests in flight at the instance on the other routers sharing the store (default none). */
-  remoteInflight?: (id: string) => Promise<number>
+  remoteInflight?: (id: string) => Promise<RemoteInflight>
 }
 
 export interface DrainOptions {
@@ -133,13 +145,24 @@ export class Drainer {
     })
   }
 
+  /**
+   * What still holds `id`. The order of the reads is what makes "drained" true: a prefill
+   * leg records its lease before its slot goes back (handoff.ts), and a draining instance
+   * admits nothing new. So what is in flight is read first, here and then on the other
+   * routers (each publishes its count only once its leases are in Redis), and the unread
+   * leases after: a leg that ends between two reads is counted in one or the other. Read the
+   * other way round, a leg ending meanwhile was in neither, and peer_gone went out while D
+   * was still to read its blocks (issue 20, fr20).
+   */
   async status(id: string): Promise<DrainStatus> {
-    const view = this.#o.registry.snapshot().instances.find((i) => i.id === id)
-    if (!view) return removedStatus(id)
-    const [unreadLeases, remote] = await Promise.all([this.#o.ledger.unreadBy(id), this.#o.remoteInflight?.(id) ?? 0])
-    // It may have left the topology while the ledger answered.
-    const now = this.#o.registry.snapshot().instances.find((i) => i.id === id)
-    return now ? { id, drained: false, removed: false, inflight: now.inflight + remote, unreadLeases } : removedStatus(id)
+    const here = this.#o.registry.load(id)
+    if (!here) return removedStatus(id)
+    const inflight = here.inflight
+    const remote = (await this.#o.remoteInflight?.(id)) ?? { inflight: 0, unheard: 0 }
+    const unreadLeases = await this.#o.ledger.unreadBy(id)
+    // It may have left the topology while the store answered.
+    if (!this.#o.registry.has(id)) return removedStatus(id)
+    return { id, drained: false, removed: false, inflight: inflight + remote.inflight, unreadLeases, ...(remote.unheard > 0 ? { unheardRouters: remote.unheard } : {}) }
   }
 
   /** Deregisters `id` now (DELETE /admin/instances/:id): peer_gone for its engine_ids, then gone. */
@@ -174,7 +197,7 @@ export class Drainer {
         pending.again = false
         const s = await this.status(id)
         if (this.#pending.get(id) !== pending) return
-        if (s.removed || s.inflight > 0 || s.unreadLeases > 0) continue
+        if (s.removed || s.inflight > 0 || s.unreadLeases > 0 || (s.unheardRouters ?? 0) > 0) continue
         this.#o.logger.info({ instance: id }, 'drained')
         pending.drained = true
         try {

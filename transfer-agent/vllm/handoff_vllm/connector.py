@@ -125,6 +125,30 @@ class HandoffPullWorker(NixlPullConnectorWorker):
             return
         super()._read_blocks_for_req(req_id, meta)
 
+    def _cleanup_remote_engines(self) -> None:
+        # A peer declared gone while a handshake with it was under way: drop_peer found nothing
+        # of it to release, and the handshake loaded its agents and metadata afterwards, which
+        # vLLM would keep until engine_ttl. Once no handshake runs, such a peer is marked
+        # invalid here, so the cleanup below releases it as it does one dropped at once.
+        if self.gone:
+            self._drop_late_peers()
+        super()._cleanup_remote_engines()
+
+    def _drop_late_peers(self) -> None:
+        with self._handshake_lock:
+            if self._handshake_futures:
+                return
+            late = [e for e in self._remote_agents if e in self.gone and e not in self._invalid_remote_engines]
+        for engine_id in late:
+            held, failed = drop_peer(self, engine_id)
+            self.xfer_stats.count("handoff_peers_released", int(held))
+            self.xfer_stats.count("handoff_reads_failed", len(failed))
+            log.info(
+                "handoff: peer_gone %s came during a handshake with it: releasing the state the "
+                "handshake loaded once no read uses it; %d read(s) failed now (rank %d)",
+                engine_id, len(failed), self.tp_rank,
+            )
+
     def _send_heartbeats(self, metadata: NixlConnectorMetadata) -> None:
         # No heartbeat (nor the handshake it would start) to a peer declared gone.
         if self.gone and any(e in self.gone for e in metadata.heartbeat_by_engine):

@@ -138,6 +138,42 @@ class SchedulerSideTest(unittest.TestCase):
         stats = [eco.scheduler_stats.kv_connector_stats for eco in engine_out.values() if eco.scheduler_stats]
         self.assertEqual(sum(sum(s.get("handoff_events_applied", [])) for s in stats if s), 1)
 
+    def test_with_two_tp_ranks_the_ack_and_the_free_wait_for_both(self) -> None:
+        # TP 2: each rank gets the step's metadata and applies the event on its own thread; vLLM's
+        # KVOutputAggregator merges the ranks' outputs before the scheduler sees them. A real TP 2
+        # engine does not fit this 2-core machine beside the others, so the ranks' outputs are
+        # made by hand, as each rank's get_transfer_results and worker metadata would make them.
+        from handoff_vllm.connector import HandoffWorkerMeta
+        from vllm.distributed.kv_transfer.kv_connector.utils import KVOutputAggregator
+        from vllm.v1.outputs import KVConnectorOutput
+
+        sched, req, _ = self.prefill("HandoffNixlConnector", {"handoff_router_urls": [closed_port_url()]})
+        connector = sched.connector
+        acks: list[int] = []
+        connector._follower.stop()
+        connector._follower.ack = acks.append
+        connector._inbox.put({"seq": 1, "type": "lease_release", "prefillEngineId": connector.engine_id, "requestIds": ["req-p"], "reason": "client_gone", "at": 0})
+        aggregator = KVOutputAggregator(expected_finished_count=2)
+
+        def step(*ranks: KVConnectorOutput) -> None:
+            out = sched.schedule()
+            outputs = [self.output([], kv) for kv in ranks]
+            sched.update_from_output(out, aggregator.aggregate(outputs))
+
+        # Both ranks got seq 1 in the same step's metadata and name it; rank 0 freed its half of
+        # the lease, rank 1 reports none this step: acknowledged, the blocks still held.
+        step(
+            KVConnectorOutput(finished_sending={"req-p"}, kv_connector_worker_meta=HandoffWorkerMeta(applied={1})),
+            KVConnectorOutput(kv_connector_worker_meta=HandoffWorkerMeta(applied={1})),
+        )
+        self.assertEqual(acks, [1], "acknowledged once the aggregated output confirms it")
+        self.assertIn("req-p", sched.requests, "one rank's release does not free the blocks")
+        self.assertFalse(connector.has_pending_push_work())
+        # Rank 1's half goes (its own lease end): every rank released, the blocks are freed.
+        step(KVConnectorOutput(), KVConnectorOutput(finished_sending={"req-p"}))
+        self.assertNotIn("req-p", sched.requests, "freed once every rank released")
+        self.assertEqual(sched.kv_cache_manager.usage, 0.0)
+
     def test_without_router_urls_it_is_the_stock_connector(self) -> None:
         sched, _, _ = self.prefill("HandoffNixlConnector")
         self.assertIsNone(sched.connector._inbox)

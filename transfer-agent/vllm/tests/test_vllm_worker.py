@@ -134,6 +134,36 @@ class WorkerEventsTest(unittest.TestCase):
         w.apply([Command(2, "peer_alive", ["p-unknown"])])
         self.assertNotIn("p-unknown", w.gone)
 
+    def test_a_peer_gone_during_a_handshake_is_released_once_the_handshake_loaded_it(self) -> None:
+        from concurrent.futures import Future
+
+        nixl = FakeNixl()
+        w = self.worker(nixl)
+        # D is handshaking with p-1 (a request waits on it) when the router says it is gone.
+        w._handshake_futures["p-1"] = Future()
+        w.apply([self.gone(1, "p-1")])
+        self.assertEqual(sum(w.xfer_stats.data["handoff_peers_released"]), 0, "nothing held yet")
+        w._cleanup_remote_engines()
+        self.assertEqual(nixl.removed_agents, [], "nothing to release while the handshake runs")
+        # The handshake ends and loads p-1's agents (vLLM's done_callback), after the tombstone.
+        with w._handshake_lock:
+            del w._handshake_futures["p-1"]
+            w._remote_agents["p-1"] = {(0, 0): "agent-p1"}
+            w._engine_by_address[("10.0.0.1", 5600)] = "p-1"
+        # The request that waited on it reads now: the tombstone fails it at once.
+        meta = self.meta("r1", "p-1")
+        w._recving_metadata["r1"] = meta
+        w._read_blocks_for_req("r1", meta)
+        self.assertIn("r1", w._recv_failures)
+        del w._recving_metadata["r1"]
+        # The step's cleanup releases what the handshake loaded, not engine_ttl later.
+        w._cleanup_remote_engines()
+        self.assertNotIn("p-1", w._remote_agents)
+        self.assertEqual(nixl.removed_agents, ["agent-p1"])
+        self.assertEqual(sum(w.xfer_stats.data["handoff_peers_released"]), 1)
+        w._cleanup_remote_engines()
+        self.assertEqual(nixl.removed_agents, ["agent-p1"], "released once")
+
     def test_lease_release_ends_p_leases_as_the_reaper_would(self) -> None:
         from handoff_vllm.inbox import Command
 

@@ -287,3 +287,17 @@ t.test('routers that answer 503 for 8 s (a Redis failover): the script waits the
   t.match(run.stderr, /HTTP 503/)
   t.match(run.stderr, /k8s:llm:prefill-0 drained after/)
 })
+
+t.test('a drain waiting on a router that has not heard of it yet says so while it waits', async (t) => {
+  // With several routers on Redis, one that has not yet said what it has in flight holds the
+  // drain (drainer.ts): the router's answer counts them, and the script's progress shows it.
+  const { url } = await stubRouter(t, (call) =>
+    call === 1
+      ? [200, { id: P0, drained: false, removed: false, inflight: 0, unreadLeases: 0, unheardRouters: 1 }]
+      : [200, { id: P0, drained: true, removed: true, inflight: 0, unreadLeases: 0 }],
+  )
+  const run = await runPrestopHook(['--router-url', url, '--deadline-seconds', '10', '--progress-seconds', '0.2'], { POD_NAMESPACE: NS, POD_NAME: 'prefill-0', HANDOFF_ADMIN_TOKEN: ADMIN }).done
+  t.equal(run.code, 0, run.stderr)
+  t.match(run.stderr, /waiting for k8s:llm:prefill-0: 0 in flight, 0 unread lease\(s\), 1 router\(s\) not yet heard from/)
+  t.match(run.stderr, /k8s:llm:prefill-0 drained after/)
+})

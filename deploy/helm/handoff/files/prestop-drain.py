@@ -194,19 +194,25 @@ def main(argv):
             log("%s removed after %.1f s: the router no longer routes to it" % (args.instance_id, elapsed))
             return EXIT_DRAINED
         log(
-            "waiting for %s: %d in flight, %d unread lease(s), %.1f s elapsed, %.1f s left"
-            % (args.instance_id, status.get("inflight", -1), status.get("unreadLeases", -1), elapsed, max(0, deadline - time.monotonic()))
+            "waiting for %s: %d in flight, %d unread lease(s)%s, %.1f s elapsed, %.1f s left"
+            % (args.instance_id, status.get("inflight", -1), status.get("unreadLeases", -1), unheard(status), elapsed, max(0, deadline - time.monotonic()))
         )
 
     if last is None:
         log("FAILED: deadline (%g s) passed before any router answered for %s" % (args.deadline_seconds, args.instance_id))
         return EXIT_UNREACHABLE
     log(
-        "FAILED: deadline (%g s) passed with %s not drained: %d in flight, %d unread lease(s); "
+        "FAILED: deadline (%g s) passed with %s not drained: %d in flight, %d unread lease(s)%s; "
         "the kubelet now stops the engine, and decoders still reading its blocks may fail"
-        % (args.deadline_seconds, args.instance_id, last.get("inflight", -1), last.get("unreadLeases", -1))
+        % (args.deadline_seconds, args.instance_id, last.get("inflight", -1), last.get("unreadLeases", -1), unheard(last))
     )
     return EXIT_DEADLINE
+
+
+def unheard(status):
+    """The routers (sharing Redis) that have not yet said what they have in flight there."""
+    n = status.get("unheardRouters", 0)
+    return ", %d router(s) not yet heard from" % n if n else ""
 
 
 if __name__ == "__main__":

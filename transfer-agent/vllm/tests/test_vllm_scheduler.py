@@ -99,6 +99,16 @@ class SchedulerSideTest(unittest.TestCase):
         self.assertEqual(len(finished), 1)
         return sched, req, finished[0].kv_transfer_params
 
+    def followed_prefill(self) -> tuple[Any, Any, list[int]]:
+        """A prefill leg on P with the connector following a router (stopped: the test puts the
+        events), and the acknowledgements it would send the router."""
+        sched, _, _ = self.prefill("HandoffNixlConnector", {"handoff_router_urls": [closed_port_url()]})
+        connector = sched.connector
+        acks: list[int] = []
+        connector._follower.stop()
+        connector._follower.ack = acks.append
+        return sched, connector, acks
+
     def test_request_finished_on_p_is_the_stock_connectors(self) -> None:
         _, _, stock = self.prefill("NixlConnector")
         sched, req, ours = self.prefill("HandoffNixlConnector")
@@ -114,11 +124,7 @@ class SchedulerSideTest(unittest.TestCase):
         from handoff_vllm.connector import HandoffWorkerMeta
         from vllm.v1.outputs import KVConnectorOutput
 
-        sched, req, _ = self.prefill("HandoffNixlConnector", {"handoff_router_urls": [closed_port_url()]})
-        connector = sched.connector
-        acks: list[int] = []
-        connector._follower.stop()
-        connector._follower.ack = acks.append
+        sched, connector, acks = self.followed_prefill()
         # What the follower thread does with an event from the router.
         connector._inbox.put({"seq": 1, "type": "lease_release", "prefillEngineId": connector.engine_id, "requestIds": ["req-p"], "reason": "client_gone", "at": 0})
         connector._inbox.put({"seq": 2, "type": "lease_release", "prefillEngineId": "another-p", "requestIds": ["x"], "reason": "client_gone", "at": 0})
@@ -147,11 +153,7 @@ class SchedulerSideTest(unittest.TestCase):
         from vllm.distributed.kv_transfer.kv_connector.utils import KVOutputAggregator
         from vllm.v1.outputs import KVConnectorOutput
 
-        sched, req, _ = self.prefill("HandoffNixlConnector", {"handoff_router_urls": [closed_port_url()]})
-        connector = sched.connector
-        acks: list[int] = []
-        connector._follower.stop()
-        connector._follower.ack = acks.append
+        sched, connector, acks = self.followed_prefill()
         connector._inbox.put({"seq": 1, "type": "lease_release", "prefillEngineId": connector.engine_id, "requestIds": ["req-p"], "reason": "client_gone", "at": 0})
         aggregator = KVOutputAggregator(expected_finished_count=2)
 

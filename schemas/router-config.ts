@@ -237,6 +237,13 @@ export const RouterConfig = Type.Object(
         // `engine` for a decoder with a transfer agent registered with agentToken, `router` for
         // the others (and for all of them while agentToken is unset).
         readCheck: Type.Union([Type.Literal('auto'), Type.Literal('router'), Type.Literal('engine')], { default: 'auto' }),
+        // With the router checking a decoder's reads, a non-streamed request's decode leg is
+        // sent as it is (not streamed and assembled) when that decoder's recent pace says the
+        // answer ends well within the read window: D's whole answer arriving before the read
+        // deadline proves its read came before it too. One that does not arrive in time is
+        // dropped and the prompt prefilled again with a streamed leg (needs onLapsed
+        // `reprefill`). false: always streamed.
+        proveByWholeAnswer: Type.Boolean({ default: true }),
         // Ended leases stay counted (GET /leases `entries`) this long. Nothing lists them, and
         // at 1,000 req/s a minute of them is 60,000 records the garbage collector keeps
         // marking, so by default they go at once; the cap bounds memory whatever the rate.

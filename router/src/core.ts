@@ -9,6 +9,7 @@ import { AgentDirectory } from './events/agent-directory.js'
 import { EngineNotifier } from './events/engine-notifier.js'
 import { RouterEvents } from './events/router-events.js'
 import type { LeaseEndReason, LeaseLedger, LeaseRecord } from './leases/ledger.js'
+import { DecodePace } from './leases/decode-pace.js'
 import { createRouterMetrics, type RouterMetrics } from './metrics.js'
 import { CompletionProxy } from './proxy/proxy.js'
 import { Upstream } from './proxy/upstream.js'
@@ -139,6 +140,11 @@ export async function openCore(config: RouterConfig, opts: CoreOptions): Promise
     queued: () => admission.queued,
     metrics: { limit: metrics.instanceLimit, changes: metrics.limitChanges, samples: metrics.engineLoadSamples },
   })
+  // Decoders' pace, for a checked read proven by D's whole answer (handoff.ts); it re-prefills when that fails.
+  const pace = config.leases.proveByWholeAnswer && config.leases.onLapsed === 'reprefill' ? new DecodePace() : undefined
+  if (pace) registry.subscribe((change) => {
+    if (change.type === 'removed') pace.forget(change.instanceId)
+  })
   const proxy = new CompletionProxy({
     registry,
     admission,
@@ -150,6 +156,7 @@ export async function openCore(config: RouterConfig, opts: CoreOptions): Promise
     timeouts: config.timeouts,
     onLapsed: config.leases.onLapsed,
     ...(config.leases.readCheck !== 'engine' ? { readWithinMs: readDeadline(config, agents) } : {}),
+    ...(pace ? { pace } : {}),
     maxHandoffsPerRequest: config.limits.maxHandoffsPerRequest,
     engineAnswered: (engineId) => events.engineAnswered(engineId),
     pairs,

@@ -111,6 +111,16 @@ export function createRouterMetrics() {
       help: "Decode answers whose first token came after the lease's expiry minus the margin (leases.readCheck router): withheld, since D's read may have found reused blocks",
       registers,
     }),
+    wholeAnswerReads: new Counter({
+      name: 'handoff_router_whole_answer_reads_total',
+      help: "Checked reads of non-streamed requests proven by D's whole answer arriving within the read window (leases.proveByWholeAnswer), with no streamed decode leg",
+      registers,
+    }),
+    unprovenReads: new Counter({
+      name: 'handoff_router_unproven_reads_total',
+      help: "Non-streamed decode legs whose whole answer did not come within the read window (leases.proveByWholeAnswer): the answer was dropped and the prompt prefilled again with a streamed leg",
+      registers,
+    }),
     handoffsWithoutParams: new Counter({
       name: 'handoff_router_prefill_without_params_total',
       help: 'Prefill answers without usable kv_transfer_params (D then prefilled locally)',

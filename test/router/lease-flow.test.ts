@@ -20,7 +20,7 @@ const ADMIN = 'admin-token-123'
 const auth = { authorization: `Bearer ${ADMIN}` }
 const MODEL = 'handoff/sim-1'
 const body = { model: MODEL, prompt: 'The quick brown fox jumps over the lazy dog', max_tokens: 6 }
-const leases = (o: Partial<RouterConfig['leases']> = {}): RouterConfig['leases'] => ({ leaseSeconds: 30, marginMs: 1000, onLapsed: 'reprefill', readCheck: 'engine', retentionMs: 60_000, maxEntries: 1000, ...o })
+const leases = (o: Partial<RouterConfig['leases']> = {}): RouterConfig['leases'] => ({ leaseSeconds: 30, marginMs: 1000, onLapsed: 'reprefill', readCheck: 'engine', proveByWholeAnswer: true, retentionMs: 60_000, maxEntries: 1000, ...o })
 
 const p = await startSim(t, ['--role', 'prefill', '--engine-id', 'eng-p0'])
 // D holds a non-streamed answer for 12 × 150 ms: a window between the legs for the cancel test.

@@ -235,6 +235,12 @@ for (const backend of backends) t.test(`the router in front of ${backend.name} P
     const promptLp = (a: Answer): unknown => a.json<{ choices: { prompt_logprobs?: unknown }[] }>().choices[0]?.prompt_logprobs
     t.ok(Array.isArray(promptLp(plp.direct)), 'one engine gives the prompt’s logprobs')
     t.same(promptLp(plp.routed), promptLp(plp.direct), 'and so does the router, from P')
+
+    // D has answered more than 8 non-streamed requests by now: its pace is known, and a read
+    // of a request with max_tokens is proven by D's whole answer (leases.proveByWholeAnswer).
+    const metrics = await (await fetch(`${url}/metrics`)).text()
+    const whole = Number(/^handoff_router_whole_answer_reads_total (\d+)/m.exec(metrics)?.[1])
+    t.ok(whole > 0, `${whole} reads proven by D's whole answer, answered as above`)
   })
 
   await t.test('a client that leaves mid-stream: D stops generating and frees its blocks', async (t) => {

@@ -65,9 +65,14 @@ export class Handoff {
     })
   }
 
-  /** Whether the router judges D's read by when its first token comes (firstToken). */
+  /** Whether the router judges D's read by when its first token comes (firstToken, or wholeAnswer). */
   get readChecked(): boolean {
     return this.#readBy !== Infinity
+  }
+
+  /** Milliseconds left until the read deadline (Infinity when the router checks no read). */
+  readWindowLeft(): number {
+    return this.#readBy - this.#ex.deps.clock.monotonic()
   }
 
   /** The params go to another decoder after the first refused the connection. */
@@ -118,6 +123,16 @@ export class Handoff {
     if (!reading || this.#ex.deps.clock.monotonic() < this.#readBy) return true
     this.#ex.deps.metrics.lateReads.inc()
     return false
+  }
+
+  /**
+   * D's whole answer has come (a non-streamed decode leg): the read is done. True when it came
+   * before the read deadline, which proves the read did too; false when it did not, which
+   * proves nothing either way (not a late read: the runner prefills again, handoff.ts).
+   */
+  wholeAnswer(): boolean {
+    this.done()
+    return this.#ex.deps.clock.monotonic() < this.#readBy
   }
 
   decodeFailed(): void {

@@ -2,7 +2,8 @@ import type { Clock } from '../../../common/clock.js'
 import type { Random } from '../../../common/random.js'
 import { isCompleteHandoff } from '../../../schemas/kv-transfer-params.js'
 import type { Admission } from '../admission/admission.js'
-import { RTR_ERR_LEASE_LAPSED } from '../errors.js'
+import { RTR_ERR_LATE_READ, RTR_ERR_LEASE_LAPSED } from '../errors.js'
+import { generatedTokens, maxTokensOf, type DecodePace } from '../leases/decode-pace.js'
 import type { RouterMetrics } from '../metrics.js'
 import type { InstanceView, TopologyRegistry } from '../topology/registry.js'
 import type { Route } from '../topology/selection.js'
@@ -34,6 +35,11 @@ export interface HandoffDeps {
   upstreamApiKey?: string
   /** A prefill answer named this engine_id (RouterEvents.engineAnswered: a gone one lives again). */
   engineAnswered?: (engineId: string) => void
+  /**
+   * Decoders' pace (leases.proveByWholeAnswer): a checked read of a non-streamed request may be
+   * proven by D's whole answer instead of a streamed leg. Absent: always streamed.
+   */
+  pace?: DecodePace
 }
 
 type Body = Record<string, unknown>
@@ -53,6 +59,8 @@ export type Answer =
       fromPrefill?: PrefillFacts
       /** D streams an answer the client wants whole (streamedDecodeView): the router assembles it. */
       assemble?: true
+      /** D's whole answer, already read: it came within the read window, which proved the read. */
+      whole?: WholeAnswer
     }
   | { kind: 'engine-error'; handoff: Handoff; status: number; contentType: string; body: Buffer }
 
@@ -60,6 +68,25 @@ type PdRoute = Route & { mode: 'pd' }
 type Prefilled = { params: Body | undefined; facts?: PrefillFacts | undefined } | { status: number; contentType: string; body: Buffer }
 
 const JSON_TYPE = 'application/json'
+
+/** D's whole answer as read, and parsed (undefined when it is not JSON: passed on as it came). */
+export interface WholeAnswer {
+  text: Buffer
+  json: unknown
+}
+
+/** A whole answer as read: parsed once, for whoever needs its members. */
+export function wholeAnswer(text: Buffer): WholeAnswer {
+  try {
+    return { text, json: JSON.parse(text.toString('utf8')) }
+  } catch {
+    return { text, json: undefined }
+  }
+}
+
+/** D's whole answer did not come within the read window: nothing proves its read was in time. */
+class UnprovenRead extends Error {}
+const unproven = (): Error => new UnprovenRead('no whole answer within the read window')
 
 /**
  * One prompt's way through the cluster (DESIGN "One request, end to end", steps 2–6):
@@ -110,10 +137,30 @@ export class HandoffRunner {
       ex.log.warn({ handoff: h.engineRequestId, prefill: pd.prefill.id }, 'lease lapsed before the decode leg; prefilling again')
       return this.#pd(ex, ex.handoff(this.#newId()), again, body, path, false)
     }
-    // The router judges D's read by its first token (leases.readCheck router): D streams.
-    const assemble = h.readChecked && body.get('stream') !== true
+    // The router judges D's read (leases.readCheck router) by its first token: a non-streamed
+    // request's decode leg is streamed from D, and assembled. Or, when D's pace says the
+    // answer ends well within the read window, by the whole answer (decode-pace.ts): its
+    // arrival in time proves the read was. Past the window that proves nothing, and the
+    // prompt is prefilled once more, with a streamed leg.
+    const checkedWhole = h.readChecked && body.get('stream') !== true
+    const proveWhole = checkedWhole && mayReprefill && this.#provableWhole(body, pd.decode.id, h)
+    const assemble = checkedWhole && !proveWhole
     const view = decodeView(body, prefilled.params)
-    const answer = await this.#decode(ex, h, pd, pd.decode, assemble ? streamedDecodeView(view) : view, path, headers)
+    let answer: Answer
+    try {
+      answer = await this.#decode(ex, h, pd, pd.decode, assemble ? streamedDecodeView(view) : view, path, headers, proveWhole)
+      if (proveWhole && answer.kind === 'upstream' && answer.answer.statusCode < 400) answer.whole = await this.#whole(h, answer)
+    } catch (err) {
+      if (!(err instanceof UnprovenRead)) throw err
+      metrics.unprovenReads.inc()
+      const where = `handoff ${h.engineRequestId}: ${pd.decode.id}'s whole answer did not come within the read window`
+      const again = this.#d.admission.retryRoute(body.get('model') as string, new Set(), 'pd')
+      if (!again) throw new RTR_ERR_LATE_READ(pd.decode.id, `${where}; no prefiller is free to prefill again`)
+      ex.hold(again)
+      ex.release(pd.decode.id)
+      ex.log.warn({ handoff: h.engineRequestId, decode: pd.decode.id }, "D's whole answer did not come within the read window; prefilling again, with a streamed decode leg")
+      return this.#pd(ex, ex.handoff(this.#newId()), again, body, path, false)
+    }
     if (prefilled.facts && answer.kind === 'upstream') answer.fromPrefill = prefilled.facts
     if (assemble && answer.kind === 'upstream') answer.assemble = true
     metrics.handoffGap.observe((clock.monotonic() - prefillDone) / 1000)
@@ -131,6 +178,30 @@ export class HandoffRunner {
     return answer
   }
 
+  /** Whether D's whole answer is expected well within the read window (and the request suits it). */
+  #provableWhole(body: BodyView, decode: string, h: Handoff): boolean {
+    const pace = this.#d.pace
+    // Prompt logprobs (prompt_logprobs, or echo's) are P's: the streamed leg's merge of P's facts is the tried one.
+    if (!pace || body.get('prompt_logprobs') != null || body.get('echo') === true) return false
+    return pace.fits(decode, maxTokensOf((m) => body.get(m)), h.readWindowLeft())
+  }
+
+  /** D's whole answer, read here: proven by its arrival within the read window (Handoff.wholeAnswer), or UnprovenRead. */
+  async #whole(h: Handoff, a: Answer & { kind: 'upstream' }): Promise<WholeAnswer> {
+    const text = await this.#d.upstream.readAll(a.call, a.answer)
+    if (!h.wholeAnswer()) throw unproven()
+    this.#d.metrics.wholeAnswerReads.inc()
+    const whole = wholeAnswer(text)
+    this.pace(a, whole.json)
+    return whole
+  }
+
+  /** A decode leg's whole time over the tokens it generated, for D's pace (decode-pace.ts). */
+  pace(a: Answer & { kind: 'upstream' }, answer: unknown): void {
+    const tokens = generatedTokens(answer)
+    if (tokens !== undefined) this.#d.pace?.observe(a.call.target.id, performance.now() - a.answer.sentAt, tokens)
+  }
+
   #newId(): string {
     return `hnd-${this.#d.random.hex(12)}`
   }
@@ -141,8 +212,11 @@ export class HandoffRunner {
     return headers
   }
 
-  /** The decode leg (or the one leg of a single route) up to D's response head. */
-  async #decode(ex: Exchange, h: Handoff, route: Route, d: InstanceView, body: BodyView, path: string, headers: Record<string, string>): Promise<Answer> {
+  /**
+   * The decode leg (or the one leg of a single route) up to D's response head. `proveWhole`:
+   * D's whole answer must come within the read window, or the leg stops with UnprovenRead.
+   */
+  async #decode(ex: Exchange, h: Handoff, route: Route, d: InstanceView, body: BodyView, path: string, headers: Record<string, string>, proveWhole = false): Promise<Answer> {
     const payload = body.payload()
     const call = (target: InstanceView): UpstreamCall => ({
       target,
@@ -154,6 +228,7 @@ export class HandoffRunner {
       // A non-streamed answer's head comes only when generation ends.
       headersTimeoutMs: body.get('stream') === true ? this.#d.timeouts.decodeHeadersMs : this.#d.timeouts.generationMs,
       bodyTimeoutMs: this.#d.timeouts.idleMs,
+      ...(proveWhole ? { deadlineMs: Math.max(0, h.readWindowLeft()), deadlineError: unproven } : {}),
     })
     let c = call(d)
     let answer: UpstreamAnswer

@@ -5,7 +5,7 @@ import { errorEvent, isRouterError, RTR_ERR_INTERNAL, RTR_ERR_INVALID_REQUEST, R
 import { assembleStream, StreamedError } from './assemble.js'
 import { EngineErrorEvent, mergeCompletions, mergeStreams, SPLIT_MEMBERS, splitRequest, type SubRequest } from './batch.js'
 import { ClientGone, Exchange, type ExchangeDeps } from './exchange.js'
-import { HandoffRunner, type Answer, type HandoffDeps } from './handoff.js'
+import { HandoffRunner, wholeAnswer, type Answer, type HandoffDeps, type WholeAnswer } from './handoff.js'
 import { forwardedHeaders, isChatPath, LEG_MEMBERS, wantsStream, withoutClientParams } from './legs.js'
 import { SharedBody } from './shared-body.js'
 import { relaySse, withUsageFacts } from './relay.js'
@@ -76,10 +76,11 @@ export class CompletionProxy {
     if (a.assemble && contentType.startsWith('text/event-stream')) {
       return reply.code(res.statusCode).type(JSON_TYPE).send(JSON.stringify(await this.#assembled(a)))
     }
+    if (a.whole) return reply.code(res.statusCode).type(contentType).send(withFacts(a.whole, a))
     if (!stream || !contentType.startsWith('text/event-stream')) {
       const buf = await upstream.readAll(a.call, a.answer)
       a.handoff.done()
-      return reply.code(res.statusCode).type(contentType).send(a.fromPrefill ? carryFacts(buf, a) : buf)
+      return reply.code(res.statusCode).type(contentType).send(a.fromPrefill ? withFacts(wholeAnswer(buf), a) : buf)
     }
     // Past this point the status is sent: a failure can only end the stream with an error event.
     const relay = relaySse(res.body, {
@@ -101,6 +102,7 @@ export class CompletionProxy {
     let answer: Body
     try {
       answer = await assembleStream(a.answer.body, isChat(a), (kind) => firstFrame(upstream, a, kind))
+      this.#runner.pace(a, answer)
     } catch (err) {
       // The client left (the caller answers for that), or the first token came too late.
       if (a.call.signal.aborted || isRouterError(err)) throw err
@@ -132,14 +134,10 @@ export class CompletionProxy {
         ex,
         ok.map(async (a) => {
           if (a.assemble) return this.#assembled(a)
-          const buf = await upstream.readAll(a.call, a.answer)
+          const whole = a.whole ?? wholeAnswer(await upstream.readAll(a.call, a.answer))
           a.handoff.done()
-          try {
-            const parsed = JSON.parse(buf.toString('utf8')) as Body
-            return a.fromPrefill ? withPrefillFacts(parsed, a.fromPrefill, isChat(a)) : parsed
-          } catch (err) {
-            throw upstream.fail(a.call, { kind: 'bad-response', detail: 'answer is not JSON', cause: err })
-          }
+          if (whole.json === undefined) throw upstream.fail(a.call, { kind: 'bad-response', detail: 'answer is not JSON' })
+          return a.fromPrefill ? withPrefillFacts(whole.json as Body, a.fromPrefill, isChat(a)) : (whole.json as Body)
         }),
       )
       return reply.code(200).type(JSON_TYPE).send(mergeCompletions(subs, parsed))
@@ -188,16 +186,11 @@ export class CompletionProxy {
 const isChat = (a: Answer & { kind: 'upstream' }): boolean => isChatPath(a.call.path)
 
 /** D's JSON answer with P's prompt facts (prefill-facts.ts); an answer that is not JSON goes on as it came. */
-function carryFacts(buf: Buffer, a: Answer & { kind: 'upstream' }): Buffer | string {
-  let parsed: unknown
-  try {
-    parsed = JSON.parse(buf.toString('utf8'))
-  } catch {
-    return buf
-  }
-  if (typeof parsed !== 'object' || parsed === null || !a.fromPrefill) return buf
+function withFacts(whole: WholeAnswer, a: Answer & { kind: 'upstream' }): Buffer | string {
+  const { json } = whole
+  if (typeof json !== 'object' || json === null || !a.fromPrefill) return whole.text
   // A string goes out as it is: the response schema would drop members it does not name.
-  return JSON.stringify(withPrefillFacts(parsed as Body, a.fromPrefill, isChat(a)))
+  return JSON.stringify(withPrefillFacts(json as Body, a.fromPrefill, isChat(a)))
 }
 
 /** Every sub-request's result; the first failure stops the other prompts' legs. */

@@ -31,8 +31,10 @@ export interface UpstreamCall {
   signal: AbortSignal
   headersTimeoutMs: number
   bodyTimeoutMs: number
-  /** A deadline for the whole answer, head and body (the prefill leg). */
+  /** A deadline for the whole answer, head and body (the prefill leg; a decode leg whose read its whole answer proves). */
   deadlineMs?: number
+  /** What the call fails with when deadlineMs passes, instead of a timeout failure (not the engine's fault). */
+  deadlineError?: () => Error
 }
 
 /** An upstream leg that failed, already mapped to the router error the client will see. */
@@ -151,6 +153,7 @@ export class Upstream {
   #failure(call: UpstreamCall, err: unknown): Error {
     if (call.signal.aborted) return reasonOf(call.signal)
     if (err instanceof DeadlinePassed) {
+      if (call.deadlineError) return call.deadlineError()
       return this.fail(call, { kind: 'transport', cause: Object.assign(new Error(`no whole answer within ${call.deadlineMs} ms`), { code: 'ETIMEDOUT' }) })
     }
     return this.fail(call, { kind: 'transport', cause: err })

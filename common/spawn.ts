@@ -1,6 +1,7 @@
 import { spawn, type ChildProcess } from 'node:child_process'
 import { once } from 'node:events'
 import { existsSync } from 'node:fs'
+import { nodeArgsFor } from './node-args.js'
 import { cliEntry } from './paths.js'
 import { isReadyMessage } from './ready.js'
 
@@ -36,7 +37,7 @@ export async function spawnService(opts: SpawnOptions): Promise<SpawnedService> 
   if (!existsSync(entry)) throw new Error(`${entry} is missing: run \`npm run build\` first`)
   const limit = opts.outputLimit ?? 65536
   let buffer = ''
-  const child = spawn(process.execPath, [entry, ...opts.args], {
+  const child = spawn(process.execPath, [...nodeArgsFor(opts.args[0]), entry, ...opts.args], {
     env: opts.env ?? process.env,
     stdio: ['ignore', 'pipe', 'pipe', 'ipc'],
   })

@@ -4,6 +4,7 @@ import { dirname, join, resolve } from 'node:path'
 import { fileURLToPath } from 'node:url'
 import t from 'tap'
 import { freePort } from '../../common/ports.js'
+import { ROUTER_NODE_ARGS } from '../../common/node-args.js'
 import { spawnService } from '../../common/spawn.js'
 import { loadConfig } from '../../router/src/config.js'
 import { needKube, startKube } from '../helpers/kube.js'
@@ -121,6 +122,13 @@ t.test('the Helm chart against a real API server', { skip: needKube(t, { helm: t
     t.equal(rotated['checksum/config'], before['checksum/config'], 'the config is the same')
     t.not(rotated['checksum/secret'], before['checksum/secret'], 'a new drain token changes the pod template')
     t.not((await podAnnotations(['--set', 'secrets.adminToken=admin-token-rotated']))['checksum/secret'], before['checksum/secret'], 'so does a new admin token')
+  })
+
+  t.test('the router container runs node with the router’s own flags (common/node-args.ts)', async (t) => {
+    const { stdout } = await kube.helm(['template', 'r', chart, '--show-only', 'templates/deployment.yaml', ...ADMIN])
+    const command = /command: (\[.*"router".*\])/.exec(stdout)?.[1]
+    t.ok(command, 'the router’s command')
+    t.same(JSON.parse(command ?? '[]').slice(0, 1 + ROUTER_NODE_ARGS.length + 2), ['node', ...ROUTER_NODE_ARGS, 'dist/cli/main.js', 'router'])
   })
 
   // Issue 22 defect 5: nothing kept the routers off one node.

@@ -11,7 +11,7 @@
  * lives 30-60 ms under load, and at 2,000 requests a second a 16 MiB semi-space fills every
  * 50-70 ms, so much of every request outlived two scavenges and was copied into the old
  * generation, which then needed a mark-compact every 1.3 s. Measured at concurrency 64
- * (docs/benchmarks.md): 5-14 % less CPU per request in six of six alternating pairs.
+ * (docs/benchmarks.md): 5-13 % less CPU per request in six of six alternating pairs.
  */
 export const ROUTER_NODE_ARGS: readonly string[] = ['--max-semi-space-size=32']
 

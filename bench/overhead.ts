@@ -10,7 +10,8 @@ import { cpuSeconds, rssMiB } from './proc-stats.js'
 import { startVllmRouter, vllmRouterBin, type ExternalRouter } from './vllm-router.js'
 
 const HELP = `usage: handoff bench overhead [--quick] [--sizes 200,2048,16384,204800]
-                               [--concurrency 1,64] [--seconds S] [--requests N] [--rounds R] [--json]
+                               [--concurrency 1,64] [--seconds S] [--requests N] [--rounds R]
+                               [--warmup S] [--json]
                                [--no-overload | --overload-only] [--overload-concurrency 300]
                                [--overload-seconds 25] [--overload-tokens 100] [--overload-ramp S]
                                [--baseline PATH/dist/cli/main.js]
@@ -20,6 +21,10 @@ Router overhead: the same simulators (--kv none, zero delays) driven three ways,
 in one run: a direct two-leg client, a bare fastify+undici two-leg proxy (the floor of the
 stack), and the router. Prints a markdown table. --baseline adds a path, the router of
 another build (an earlier commit's checkout), so a change is compared in the same run.
+Before the measured rounds of each cell, every path runs the cell's load for --warmup seconds
+(default 3): a router that just started is still compiling its hot paths, and its first
+second under load had every request of its p99 (a long-lived router's steady state is what
+is compared; vLLM Router, compiled ahead, is warmed the same).
 vLLM Router (PyPI vllm-router, installed by scripts/vllm-router.sh in .cache/vllm-router/, or
 the binary --vllm-router names) runs as one more path when it is there, with the ratios of
 req/s and p99 against it.
@@ -74,6 +79,7 @@ export async function runOverheadBench(argv: string[]): Promise<void> {
       seconds: { type: 'string' },
       requests: { type: 'string' },
       rounds: { type: 'string' },
+      warmup: { type: 'string' },
       json: { type: 'boolean' },
       'no-overload': { type: 'boolean' },
       'overload-only': { type: 'boolean' },
@@ -97,6 +103,8 @@ export async function runOverheadBench(argv: string[]): Promise<void> {
   const seconds = Number(values.seconds ?? (quick ? 1 : 4))
   const maxRequests = Number(values.requests ?? (quick ? 200 : 4000))
   const rounds = Number(values.rounds ?? (quick ? 1 : 2))
+  const warmupSeconds = Number(values.warmup ?? (quick ? 0.5 : 3))
+  if (!(warmupSeconds >= 0)) throw new Error(`bad --warmup '${values.warmup}'`)
   const overload = {
     concurrency: Number(values['overload-concurrency'] ?? (quick ? 60 : 300)),
     seconds: Number(values['overload-seconds'] ?? (quick ? 4 : 25)),
@@ -106,7 +114,7 @@ export async function runOverheadBench(argv: string[]): Promise<void> {
   }
   const vllmRouter = values['no-vllm-router'] ? undefined : vllmRouterBin(values['vllm-router'])
   if (!vllmRouter && !values['no-vllm-router']) process.stderr.write('vLLM Router is not installed (scripts/vllm-router.sh): no anchor in this run\n')
-  if (!values['overload-only']) await runOverheadTable({ sizes, concurrencies, seconds, maxRequests, rounds, json: values.json === true, baseline: values.baseline, vllmRouter })
+  if (!values['overload-only']) await runOverheadTable({ sizes, concurrencies, seconds, maxRequests, rounds, warmupSeconds, json: values.json === true, baseline: values.baseline, vllmRouter })
   if (!values['no-overload']) process.stdout.write(await runOverload({ ...overload, baseline: values.baseline, vllmRouter }))
 }
 
@@ -116,11 +124,12 @@ async function runOverheadTable(o: {
   seconds: number
   maxRequests: number
   rounds: number
+  warmupSeconds: number
   json: boolean
   baseline: string | undefined
   vllmRouter: string | undefined
 }): Promise<void> {
-  const { sizes, concurrencies, seconds, maxRequests, rounds } = o
+  const { sizes, concurrencies, seconds, maxRequests, rounds, warmupSeconds } = o
   const values = { json: o.json }
 
   const agent = new Agent({ connections: 256, keepAliveTimeout: 30_000 })
@@ -163,8 +172,11 @@ async function runOverheadTable(o: {
       }
       for (const concurrency of concurrencies) {
         const loop = { concurrency, maxRequests, maxSeconds: seconds }
-        // Warm every path (connections, JIT) before measuring.
-        for (const send of [direct, viaRouter, viaBare, ...(baselineRouter ? [viaBaseline] : []), ...(anchor ? [viaAnchor] : [])]) await closedLoop({ ...loop, maxRequests: Math.min(50, maxRequests), send })
+        // Warm every path (connections, JIT) at this cell's load before measuring: 50 requests
+        // left a fresh router compiling through its first measured second.
+        for (const send of [direct, viaRouter, viaBare, ...(baselineRouter ? [viaBaseline] : []), ...(anchor ? [viaAnchor] : [])]) {
+          await closedLoop({ ...loop, maxSeconds: warmupSeconds, send })
+        }
         // One measured loop, with the CPU the given processes spent during it.
         const cpuOf = (pids: number[]): number => pids.reduce((sum, pid) => sum + cpuSeconds(pid), 0)
         const measure = async (send: () => Promise<void>, pids: number[]): Promise<{ load: LoadResult; cpu: number }> => {
@@ -226,7 +238,7 @@ async function runOverheadTable(o: {
         else process.stderr.write(`measured size=${size} c=${concurrency}\n`)
       }
     }
-    if (!values.json) process.stdout.write(table(cells, { seconds, maxRequests, rounds }))
+    if (!values.json) process.stdout.write(table(cells, { seconds, maxRequests, rounds, warmupSeconds }))
   } finally {
     await anchor?.stop()
     await cluster.stop()
@@ -278,7 +290,7 @@ function summarize(c: Cell) {
   }
 }
 
-function table(cells: Cell[], run: { seconds: number; maxRequests: number; rounds: number }): string {
+function table(cells: Cell[], run: { seconds: number; maxRequests: number; rounds: number; warmupSeconds: number }): string {
   const f = (n: number | undefined, d = 2): string => (n !== undefined && Number.isFinite(n) ? n.toFixed(d) : 'n/a')
   const rows = cells.map((c) => {
     const s = summarize(c)
@@ -287,7 +299,7 @@ function table(cells: Cell[], run: { seconds: number; maxRequests: number; round
   })
   const anchored = cells.some((c) => c.vllmRouter)
   return [
-    `Machine: ${cpus().length} × ${cpus()[0]?.model ?? 'cpu'}, ${(totalmem() / 2 ** 30).toFixed(0)} GiB, Node ${process.version}; ${run.rounds} alternating rounds of ≤${run.maxRequests} requests / ${run.seconds} s per path per cell; /v1/completions, max_tokens 8, not streamed.`,
+    `Machine: ${cpus().length} × ${cpus()[0]?.model ?? 'cpu'}, ${(totalmem() / 2 ** 30).toFixed(0)} GiB, Node ${process.version}; ${run.warmupSeconds} s of warm-up per path, then ${run.rounds} alternating rounds of ≤${run.maxRequests} requests / ${run.seconds} s per path per cell; /v1/completions, max_tokens 8, not streamed.`,
     '',
     `| prompt bytes | concurrency | direct p50 / p99 / p99.9 ms | router p50 / p99 / p99.9 ms | req/s direct / bare / router | added mean ms bare / router${cells.some((c) => c.baseline) ? ' / baseline' : ''} | proxy CPU s per 1k req bare / router${cells.some((c) => c.baseline) ? ' / baseline' : ''} | P+D CPU s per 1k req | router RSS MiB | errors |${anchored ? ' vLLM Router p50 / p99 / p99.9 ms | vLLM Router req/s | router ÷ vLLM Router: req/s / p99 |' : ''}`,
     `| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |${anchored ? ' ---: | ---: | ---: |' : ''}`,

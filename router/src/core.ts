@@ -111,6 +111,8 @@ export async function openCore(config: RouterConfig, opts: CoreOptions): Promise
   const dispatcher = upstreamAgent(config)
   const probes = probeAgent(config)
   const pairLog = log.child({ component: 'pairs' })
+  // Decoders' pace, for a checked read proven by D's whole answer (handoff.ts); it re-prefills when that fails.
+  const pace = config.leases.proveByWholeAnswer && config.leases.onLapsed === 'reprefill' ? new DecodePace() : undefined
   const pairs = new PairBreakers({
     clock,
     policy: config.pairBreaker,
@@ -120,7 +122,9 @@ export async function openCore(config: RouterConfig, opts: CoreOptions): Promise
     },
   })
   registry.subscribe((change) => {
-    if (change.type === 'removed') pairs.forget(change.instanceId)
+    if (change.type !== 'removed') return
+    pairs.forget(change.instanceId)
+    pace?.forget(change.instanceId)
   })
   const admission = new Admission({
     pairs,
@@ -139,11 +143,6 @@ export async function openCore(config: RouterConfig, opts: CoreOptions): Promise
     timeoutMs: config.health.timeoutMs,
     queued: () => admission.queued,
     metrics: { limit: metrics.instanceLimit, changes: metrics.limitChanges, samples: metrics.engineLoadSamples },
-  })
-  // Decoders' pace, for a checked read proven by D's whole answer (handoff.ts); it re-prefills when that fails.
-  const pace = config.leases.proveByWholeAnswer && config.leases.onLapsed === 'reprefill' ? new DecodePace() : undefined
-  if (pace) registry.subscribe((change) => {
-    if (change.type === 'removed') pace.forget(change.instanceId)
   })
   const proxy = new CompletionProxy({
     registry,

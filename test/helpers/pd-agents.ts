@@ -108,6 +108,20 @@ export async function startEngine(t: Teardown, opts: EngineOptions): Promise<Eng
   return e.start()
 }
 
+/**
+ * A decoder that reads without checking P's lease, as stock vLLM does in pull mode: its agent
+ * runs with the deadline checks off (the test-only switch).
+ */
+export function startUncheckedDecoder(t: Teardown, leaseSeconds: number): Promise<Engine> {
+  return startEngine(t, {
+    role: 'decode',
+    leaseSeconds,
+    simArgs: ['--kv-load-failure-policy', 'fail'],
+    agentArgs: ['--unsafe-skip-deadline-checks'],
+    agentEnv: { HANDOFF_ALLOW_UNSAFE: '1' },
+  })
+}
+
 /** A router process in front of `engines` (config file written to a temp folder). */
 export async function startRouterProcess(t: Teardown, engines: Engine[], config: Record<string, unknown> = {}): Promise<SpawnedService> {
   const instances = engines.map((e, i) => ({ id: `${e.opts.role}-${i}`, role: e.opts.role, url: e.sim.url }))

@@ -45,3 +45,28 @@ export function report(t: Test, name: string, outcomes: readonly Outcome[]): Ret
   t.comment(`${name}: ${s.requests} requests, ${s.ok} oracle text, ${s.wrong} wrong text, ${s.failed} failed ${JSON.stringify(s.codes)}`)
   return s
 }
+
+/** Something a timed run does at `atMs` from its start (stop a process, hold a hop, ...). */
+export type Step = readonly [atMs: number, act: () => void]
+
+/**
+ * `burst` requests every `everyMs` for `totalMs`, with `steps` done at their times; resolves
+ * with every outcome once all have answered. `finally` runs at the end whatever happened
+ * (continue what a step stopped).
+ */
+export async function timedRun(url: string, opts: { totalMs: number; everyMs: number; burst: number; steps: Step[]; finally?: () => void }, tag: string): Promise<Outcome[]> {
+  const pending: Promise<Outcome>[] = []
+  const steps = [...opts.steps].sort((a, b) => a[0] - b[0])
+  const started = performance.now()
+  try {
+    for (let n = 0; performance.now() - started < opts.totalMs; ) {
+      for (let b = 0; b < opts.burst; b++, n++) pending.push(complete(url, completionBody(n, tag), n, 90_000))
+      while (steps.length > 0 && performance.now() - started >= steps[0]![0]) steps.shift()![1]()
+      await sleep(opts.everyMs)
+    }
+    for (const [, act] of steps) act()
+  } finally {
+    opts.finally?.()
+  }
+  return Promise.all(pending)
+}

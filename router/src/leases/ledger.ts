@@ -21,6 +21,12 @@
  *   heartbeat extends P's lease by less than that), then it lapses;
  * - nothing else ends a dispatched lease early; the ledger has no "release this decoder's
  *   leases" call at all.
+ * When the window starts (DESIGN "When the router's own window starts", issue 37): at the
+ * prefill leg's send (`issuedAt`). Counted from P's answer instead, a router pause, a slow hop
+ * or an API server that sends the answer late behind its engine core would all be added on
+ * top of P's real expiry, and only the margin would cover them (measured: 11 of 228 answers
+ * another request's text after a 3.5 s router pause). The margin still covers what comes
+ * after the check: clock rate error, and D's own queue before its first READ.
  * `issue` and `reading` run in one synchronous turn on the request path, so a mirror of the
  * ledger (the Redis one) never shows `issued` for a lease D was sent: a surviving replica may
  * release a dead one's `issued` leases (reap) without that race.
@@ -35,7 +41,11 @@ export interface HandoffLease {
   engineId: string
   /** P's internal request id; absent on vLLM releases before late 2025. */
   remoteRequestId?: string
-  /** Wall-clock ms when P's answer arrived. */
+  /**
+   * Wall-clock ms when the router sent the prefill leg that P answered (the try that
+   * succeeded), not when P's answer arrived: P starts its lease when it finishes the request,
+   * so never before this, and whatever held the answer up on its way back is inside the lease.
+   */
   issuedAt: number
 }
 

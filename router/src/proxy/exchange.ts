@@ -18,11 +18,25 @@ export interface ExchangeDeps {
   metrics: RouterMetrics
   clock: Clock
   /**
-   * leases.readCheck: for a decoder whose reads the router checks, how soon after P's answer
-   * D's first token must come (the lease's expiry minus the margin), or the answer is
+   * leases.readCheck: for a decoder whose reads the router checks, how soon after the prefill
+   * leg was sent D's first token must come (the lease minus the margin), or the answer is
    * withheld; undefined for a decoder that checks its own reads. Absent: none is checked.
    */
   readWithinMs?: (decode: string) => number | undefined
+}
+
+/**
+ * When the prefill leg that P answered was sent, on both clocks: the origin of the lease's
+ * window. P starts its lease when it finishes the request, so never before this; whatever
+ * delays P's answer on its way back (a router pause, a slow hop, an API server behind its
+ * engine core) cannot lengthen the window past P's real expiry (DESIGN "When the router's own
+ * window starts", issue 37).
+ */
+export interface PrefillSent {
+  /** clock.monotonic() ms: the read window's origin. */
+  monotonic: number
+  /** clock.now() ms: the ledger's issuedAt, shared with other routers. */
+  wall: number
 }
 
 type LeaseState = 'none' | 'issued' | 'reading' | 'done' | 'ended'
@@ -38,7 +52,10 @@ export class Handoff {
   readonly engineRequestId: string
   #lease: LeaseState = 'none'
   #failedLeg: 'decode' | undefined
-  /** Monotonic ms by which D's first token must come (readWithinMs after P's answer). */
+  /** When the prefill leg P answered was sent (monotonic ms): the read window's origin. */
+  #origin = 0
+  #decode = ''
+  /** Monotonic ms by which D's first token must come (readWithinMs after #origin), for the decoder that reads. */
   #readBy = Infinity
   readonly #ex: Exchange
 
@@ -47,11 +64,11 @@ export class Handoff {
     this.engineRequestId = engineRequestId
   }
 
-  /** P answered with kv_transfer_params: its blocks are pinned for this handoff. */
-  issue(params: Record<string, unknown>, prefill: string, decode: string): void {
+  /** P answered with kv_transfer_params: its blocks are pinned for this handoff since at most `sent`. */
+  issue(params: Record<string, unknown>, prefill: string, decode: string, sent: PrefillSent): void {
     this.#lease = 'issued'
-    const within = this.#ex.deps.readWithinMs?.(decode)
-    if (within !== undefined) this.#readBy = this.#ex.deps.clock.monotonic() + within
+    this.#origin = sent.monotonic
+    this.#checkReadsOf(decode)
     const remote = params.remote_request_id
     this.#ex.deps.ledger.issue({
       requestId: this.engineRequestId,
@@ -61,8 +78,20 @@ export class Handoff {
       engineId: String(params.remote_engine_id),
       // vLLM before late 2025 sends no remote_request_id (PR #29665).
       ...(typeof remote === 'string' ? { remoteRequestId: remote } : {}),
-      issuedAt: this.#ex.deps.clock.now(),
+      issuedAt: sent.wall,
     })
+  }
+
+  /** The read check is the reading decoder's: a stock one is checked, one with a transfer agent checks itself. */
+  #checkReadsOf(decode: string): void {
+    this.#decode = decode
+    const within = this.#ex.deps.readWithinMs?.(decode)
+    this.#readBy = within === undefined ? Infinity : this.#origin + within
+  }
+
+  /** The decoder the params go to (the first pick, or the one it was redirected to). */
+  get decode(): string {
+    return this.#decode
   }
 
   /** Whether the router judges D's read by when its first token comes (firstToken, or wholeAnswer). */
@@ -75,9 +104,15 @@ export class Handoff {
     return this.#readBy - this.#ex.deps.clock.monotonic()
   }
 
-  /** The params go to another decoder after the first refused the connection. */
+  /**
+   * The params go to another decoder after the first refused the connection. Its read is
+   * checked as its own (a stock decoder behind one with an agent is checked, and the other way
+   * round), in the same window: P's lease did not start again.
+   */
   redirect(decode: string): void {
-    if (this.#lease === 'issued') this.#ex.deps.ledger.redirect(this.engineRequestId, decode)
+    if (this.#lease !== 'issued') return
+    this.#checkReadsOf(decode)
+    this.#ex.deps.ledger.redirect(this.engineRequestId, decode)
   }
 
   /**

@@ -7,7 +7,7 @@ import { generatedTokens, maxTokensOf, type DecodePace } from '../leases/decode-
 import type { RouterMetrics } from '../metrics.js'
 import type { InstanceView, TopologyRegistry } from '../topology/registry.js'
 import type { Route } from '../topology/selection.js'
-import type { Exchange, Handoff } from './exchange.js'
+import type { Exchange, Handoff, PrefillSent } from './exchange.js'
 import { decodeView, isChatPath, prefillView, streamedDecodeView } from './legs.js'
 import { prefillFacts, type PrefillFacts } from './prefill-facts.js'
 import type { BodyView } from './shared-body.js'
@@ -65,7 +65,19 @@ export type Answer =
   | { kind: 'engine-error'; handoff: Handoff; status: number; contentType: string; body: Buffer }
 
 type PdRoute = Route & { mode: 'pd' }
-type Prefilled = { params: Body | undefined; facts?: PrefillFacts | undefined } | { status: number; contentType: string; body: Buffer }
+/** P's answer: its params (none when it could not hold the blocks) and when that leg was sent, or its own 4xx. */
+type Prefilled = { params: Body | undefined; facts?: PrefillFacts | undefined; sent: PrefillSent } | { status: number; contentType: string; body: Buffer }
+
+/**
+ * How a decode leg is sent to one decoder, decided for the decoder that reads (again on a
+ * redirect): as the client asked, streamed so the router sees D's first token (`assemble`),
+ * or whole with a deadline that its arrival proves the read by (`proveWhole`).
+ */
+interface DecodeLeg {
+  view: BodyView
+  assemble: boolean
+  proveWhole: boolean
+}
 
 const JSON_TYPE = 'application/json'
 
@@ -106,7 +118,10 @@ export class HandoffRunner {
     const h = ex.handoff(this.#newId())
     const route = await this.#d.admission.admit({ model, signal: ex.signal, onMode: (m) => (ex.mode = m) })
     ex.hold(route)
-    if (route.mode === 'single') return this.#decode(ex, h, route, route.target, decodeView(body, undefined), path, this.#headers(ex, h))
+    if (route.mode === 'single') {
+      const leg: DecodeLeg = { view: decodeView(body, undefined), assemble: false, proveWhole: false }
+      return (await this.#decode(ex, h, route, route.target, path, this.#headers(ex, h), () => leg))[0]
+    }
     return this.#pd(ex, h, route, body, path, this.#d.onLapsed === 'reprefill')
   }
 
@@ -124,7 +139,7 @@ export class HandoffRunner {
     metrics.prefillDuration.observe((prefillDone - started) / 1000)
     // The lease is recorded before P's slot goes back: a drain waiting on P sees the slot or
     // the unread lease, never neither.
-    if (!('status' in prefilled) && prefilled.params) h.issue(prefilled.params, pd.prefill.id, pd.decode.id)
+    if (!('status' in prefilled) && prefilled.params) h.issue(prefilled.params, pd.prefill.id, pd.decode.id, prefilled.sent)
     ex.release(pd.prefill.id)
     if ('status' in prefilled) return { kind: 'engine-error', handoff: h, ...prefilled }
     if (h.lapsed()) {
@@ -137,32 +152,25 @@ export class HandoffRunner {
       ex.log.warn({ handoff: h.engineRequestId, prefill: pd.prefill.id }, 'lease lapsed before the decode leg; prefilling again')
       return this.#pd(ex, ex.handoff(this.#newId()), again, body, path, false)
     }
-    // The router judges D's read (leases.readCheck router) by its first token: a non-streamed
-    // request's decode leg is streamed from D, and assembled. Or, when D's pace says the
-    // answer ends well within the read window, by the whole answer (decode-pace.ts): its
-    // arrival in time proves the read was. Past the window that proves nothing, and the
-    // prompt is prefilled once more, with a streamed leg.
-    const checkedWhole = h.readChecked && body.get('stream') !== true
-    const proveWhole = checkedWhole && mayReprefill && this.#provableWhole(body, pd.decode.id, h)
-    const assemble = checkedWhole && !proveWhole
     const view = decodeView(body, prefilled.params)
     let answer: Answer
     try {
-      answer = await this.#decode(ex, h, pd, pd.decode, assemble ? streamedDecodeView(view) : view, path, headers, proveWhole)
-      if (proveWhole && answer.kind === 'upstream' && answer.answer.statusCode < 400) answer.whole = await this.#whole(h, answer)
+      const [decoded, leg] = await this.#decode(ex, h, pd, pd.decode, path, headers, (d) => this.#decodeLeg(body, view, h, d, mayReprefill))
+      answer = decoded
+      if (leg.proveWhole && answer.kind === 'upstream' && answer.answer.statusCode < 400) answer.whole = await this.#whole(h, answer)
     } catch (err) {
       if (!(err instanceof UnprovenRead)) throw err
       metrics.unprovenReads.inc()
-      const where = `handoff ${h.engineRequestId}: ${pd.decode.id}'s whole answer did not come within the read window`
+      const d = h.decode
+      const where = `handoff ${h.engineRequestId}: ${d}'s whole answer did not come within the read window`
       const again = this.#d.admission.retryRoute(body.get('model') as string, new Set(), 'pd')
-      if (!again) throw new RTR_ERR_LATE_READ(pd.decode.id, `${where}; no prefiller is free to prefill again`)
+      if (!again) throw new RTR_ERR_LATE_READ(d, `${where}; no prefiller is free to prefill again`)
       ex.hold(again)
-      ex.release(pd.decode.id)
-      ex.log.warn({ handoff: h.engineRequestId, decode: pd.decode.id }, "D's whole answer did not come within the read window; prefilling again, with a streamed decode leg")
+      ex.release(d)
+      ex.log.warn({ handoff: h.engineRequestId, decode: d }, "D's whole answer did not come within the read window; prefilling again, with a streamed decode leg")
       return this.#pd(ex, ex.handoff(this.#newId()), again, body, path, false)
     }
     if (prefilled.facts && answer.kind === 'upstream') answer.fromPrefill = prefilled.facts
-    if (assemble && answer.kind === 'upstream') answer.assemble = true
     metrics.handoffGap.observe((clock.monotonic() - prefillDone) / 1000)
     const pairs = this.#d.pairs
     if (prefilled.params && answer.kind === 'upstream' && pairs) {
@@ -176,6 +184,21 @@ export class HandoffRunner {
       } else if (statusCode < 400) pairs.recordSuccess(p, d)
     }
     return answer
+  }
+
+  /**
+   * The decode leg for decoder `d`, once `h` checks reads as `d`'s (Handoff.issue, redirect).
+   * The router judges a checked read (leases.readCheck router) by D's first token: a
+   * non-streamed request's leg is streamed from D, and assembled. Or, when D's pace says the
+   * answer ends well within the read window, by the whole answer (decode-pace.ts): its arrival
+   * in time proves the read was. Past the window that proves nothing, and the prompt is
+   * prefilled once more, with a streamed leg.
+   */
+  #decodeLeg(body: BodyView, view: BodyView, h: Handoff, d: string, mayReprefill: boolean): DecodeLeg {
+    const checkedWhole = h.readChecked && body.get('stream') !== true
+    const proveWhole = checkedWhole && mayReprefill && this.#provableWhole(body, d, h)
+    const assemble = checkedWhole && !proveWhole
+    return { view: assemble ? streamedDecodeView(view) : view, assemble, proveWhole }
   }
 
   /** Whether D's whole answer is expected well within the read window (and the request suits it). */
@@ -213,24 +236,33 @@ export class HandoffRunner {
   }
 
   /**
-   * The decode leg (or the one leg of a single route) up to D's response head. `proveWhole`:
-   * D's whole answer must come within the read window, or the leg stops with UnprovenRead.
+   * The decode leg (or the one leg of a single route) up to D's response head, and how it was
+   * sent (`legFor`, asked for the decoder that gets it: the first, or the one it is redirected
+   * to once the first refused the connection).
    */
-  async #decode(ex: Exchange, h: Handoff, route: Route, d: InstanceView, body: BodyView, path: string, headers: Record<string, string>, proveWhole = false): Promise<Answer> {
-    const payload = body.payload()
-    const call = (target: InstanceView): UpstreamCall => ({
+  async #decode(
+    ex: Exchange,
+    h: Handoff,
+    route: Route,
+    d: InstanceView,
+    path: string,
+    headers: Record<string, string>,
+    legFor: (decode: string) => DecodeLeg,
+  ): Promise<[Answer, DecodeLeg]> {
+    const call = (target: InstanceView, leg: DecodeLeg): UpstreamCall => ({
       target,
       leg: route.mode === 'pd' ? 'decode' : 'single',
       path,
-      payload,
+      payload: leg.view.payload(),
       headers,
       signal: ex.signal,
       // A non-streamed answer's head comes only when generation ends.
-      headersTimeoutMs: body.get('stream') === true ? this.#d.timeouts.decodeHeadersMs : this.#d.timeouts.generationMs,
+      headersTimeoutMs: leg.view.get('stream') === true ? this.#d.timeouts.decodeHeadersMs : this.#d.timeouts.generationMs,
       bodyTimeoutMs: this.#d.timeouts.idleMs,
-      ...(proveWhole ? { deadlineMs: Math.max(0, h.readWindowLeft()), deadlineError: unproven } : {}),
+      ...(leg.proveWhole ? { deadlineMs: Math.max(0, h.readWindowLeft()), deadlineError: unproven } : {}),
     })
-    let c = call(d)
+    let leg = legFor(d.id)
+    let c = call(d, leg)
     let answer: UpstreamAnswer
     h.reading()
     try {
@@ -239,19 +271,20 @@ export class HandoffRunner {
       // D refused the connection: it never saw P's params, so another decoder may use them.
       const refused = err instanceof LegFailure && err.retryable
       if (refused) h.refused()
-      const other = refused ? this.#otherDecoder(ex, route, body.get('model') as string, d) : undefined
+      const other = refused ? this.#otherDecoder(ex, route, leg.view.get('model') as string, d) : undefined
       if (!other) throw this.#decodeFailed(h, err)
       ex.release(d.id)
       if (h.lapsed()) throw new RTR_ERR_LEASE_LAPSED(`handoff ${h.engineRequestId}: ${d.id} refused the connection and the lease ran out`)
       h.redirect(other.id)
-      c = call(other)
+      leg = legFor(other.id)
+      c = call(other, leg)
       h.reading()
       answer = await this.#d.upstream.send(c).catch((e: unknown) => {
         if (e instanceof LegFailure && e.retryable) h.refused()
         return Promise.reject(this.#decodeFailed(h, e))
       })
     }
-    return { kind: 'upstream', handoff: h, call: c, answer }
+    return [{ kind: 'upstream', handoff: h, call: c, answer, ...(leg.assemble ? { assemble: true } : {}) }, leg]
   }
 
   /** The prefill leg; a refused connection moves the request once to another pair. */
@@ -291,6 +324,8 @@ export class HandoffRunner {
       // One deadline for P's whole answer, head and body together.
       deadlineMs: this.#d.timeouts.prefillMs,
     }
+    // Before the send, so P cannot have started its lease earlier (PrefillSent).
+    const sent: PrefillSent = { monotonic: this.#d.clock.monotonic(), wall: this.#d.clock.now() }
     const answer = await upstream.send(call)
     const text = await upstream.readAll(call, answer)
     const status = answer.statusCode
@@ -308,12 +343,12 @@ export class HandoffRunner {
       // vLLM answers without params when it could not hold the blocks; D then prefills itself.
       metrics.handoffsWithoutParams.inc()
       ex.log.debug({ handoff: h.engineRequestId }, 'prefill answer without usable kv_transfer_params')
-      return { params: undefined }
+      return { params: undefined, sent }
     }
     // A new engine_id at a known address: the registry tells its subscribers the old one is gone.
     registry.observeEngineId(p.id, String(params.remote_engine_id))
     this.#d.engineAnswered?.(String(params.remote_engine_id))
-    return { params: params as Body, facts: prefillFacts(parsed, isChatPath(path)) }
+    return { params: params as Body, facts: prefillFacts(parsed, isChatPath(path)), sent }
   }
 
   #otherDecoder(ex: Exchange, route: Route, model: string, failed: InstanceView): InstanceView | undefined {

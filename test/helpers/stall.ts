@@ -1,5 +1,5 @@
 import type { Test } from 'tap'
-import { complete, completionBody, sleep, tally, type Engine, type Outcome } from './pd-agents.js'
+import { complete, completionBody, metric, sleep, tally, type Engine, type Outcome } from './pd-agents.js'
 
 /*
  * The stale-read scenarios' run (test/scenarios/stale-read*.test.ts): traffic through the
@@ -69,4 +69,21 @@ export async function timedRun(url: string, opts: { totalMs: number; everyMs: nu
     opts.finally?.()
   }
   return Promise.all(pending)
+}
+
+/**
+ * No wrong text among enough answers, and the router did catch late reads (lapsed, late or
+ * unproven): the scenario made some, so a window that let them through would show.
+ */
+export async function noWrongText(t: Test, name: string, outcomes: Outcome[], routerUrl: string): Promise<void> {
+  const s = report(t, name, outcomes)
+  t.comment(`wrong text: ${s.wrong} of ${s.requests}`)
+  t.ok(s.requests >= 30, 'enough requests to see it')
+  t.equal(s.wrong, 0, 'no client got another request’s text')
+  const caught = await Promise.all([
+    metric(routerUrl, 'handoff_router_late_reads_total'),
+    metric(routerUrl, 'handoff_router_unproven_reads_total'),
+    metric(routerUrl, 'handoff_router_leases_lapsed_total', { when: 'before_dispatch' }),
+  ])
+  t.ok(caught.reduce((a, b) => a + b) > 0, `the router caught late reads (late, unproven, lapsed: ${caught.join(', ')})`)
 }

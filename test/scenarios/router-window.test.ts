@@ -1,9 +1,9 @@
 import t from 'tap'
 import type { Test } from 'tap'
 import { spawnRouter } from '../helpers/cluster.js'
-import { metric, startEngine, startUncheckedDecoder, type Engine, type Outcome } from '../helpers/pd-agents.js'
+import { startEngine, startUncheckedDecoder, type Engine } from '../helpers/pd-agents.js'
 import { slowHop } from '../helpers/slow-hop.js'
-import { report, timedRun } from '../helpers/stall.js'
+import { noWrongText, timedRun } from '../helpers/stall.js'
 import { needNixl, probeNixl } from '../native/helpers.js'
 
 /*
@@ -35,23 +35,6 @@ const routerConfig = (prefillUrl: string, decodeUrl: string) => ({
   // Lenient probes: a 2 s hop or a paused router must not take an engine out of routing.
   health: { intervalMs: 1000, timeoutMs: 5000, unhealthyThreshold: 3 },
 })
-
-/**
- * No wrong text among enough answers, and the router did catch late reads (lapsed, late or
- * unproven): the scenario made some, so a window that let them through would show.
- */
-async function noWrongText(t: Test, name: string, outcomes: Outcome[], routerUrl: string): Promise<void> {
-  const s = report(t, name, outcomes)
-  t.comment(`wrong text: ${s.wrong} of ${s.requests}`)
-  t.ok(s.requests >= 30, 'enough requests to see it')
-  t.equal(s.wrong, 0, 'no client got another request’s text')
-  const caught = await Promise.all([
-    metric(routerUrl, 'handoff_router_late_reads_total'),
-    metric(routerUrl, 'handoff_router_unproven_reads_total'),
-    metric(routerUrl, 'handoff_router_leases_lapsed_total', { when: 'before_dispatch' }),
-  ])
-  t.ok(caught.reduce((a, b) => a + b) > 0, `the router caught late reads (late, unproven, lapsed: ${caught.join(', ')})`)
-}
 
 const sig = (e: { child: { kill(s: NodeJS.Signals): boolean } }, s: NodeJS.Signals) => () => void e.child.kill(s)
 

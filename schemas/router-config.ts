@@ -234,7 +234,8 @@ export const RouterConfig = Type.Object(
         // them); the decode leg is then streamed from D so that token is seen (a non-streamed
         // answer is assembled by the router). `engine`: the decoder checks each read itself
         // (its handoff transfer agent does, before the READ and when it completes). `auto`:
-        // `engine` for a decoder with a transfer agent registered with agentToken, `router` for
+        // `engine` for a decoder with a live transfer agent registered with agentToken (its
+        // event stream open, or closed less than three events.keepAliveMs ago), `router` for
         // the others (and for all of them while agentToken is unset).
         readCheck: Type.Union([Type.Literal('auto'), Type.Literal('router'), Type.Literal('engine')], { default: 'auto' }),
         // With the router checking a decoder's reads, a non-streamed request's decode leg is

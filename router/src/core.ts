@@ -64,7 +64,8 @@ export async function openCore(config: RouterConfig, opts: CoreOptions): Promise
   const { clock, random, log } = opts
   const registry = new TopologyRegistry({ clock, policy: config.health, instances: config.instances, pairing: config.pairing, limit: config.limits.maxInflightPerInstance })
   const metrics = createRouterMetrics()
-  const agents = new AgentDirectory({ clock })
+  // An agent that lost its stream reconnects within about three keep-alive intervals (they switch after three silent ones).
+  const agents = new AgentDirectory({ clock, trustMs: 3 * config.events.keepAliveMs })
   let agentStreams: AgentStreams = { endAll: (): void => {}, unsent: (): number => 0 }
   const store = await openRouterStore({
     config,

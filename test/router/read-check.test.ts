@@ -139,3 +139,31 @@ t.test('a client that leaves while its answer is being assembled: client_gone, n
   const next = await post(`${url}/v1/completions`, body)
   t.equal(next.status, 200, 'and D still serves')
 })
+
+t.test('readCheck auto: a transfer agent is trusted only while live (its stream open, or lately)', async (t) => {
+  const AGENT = 'agent-token-read-check'
+  const p = await startSim(t, ['--role', 'prefill'])
+  const d = await startSim(t, ['--role', 'decode'])
+  // Agents are trusted three keep-alive intervals after they were last connected: 300 ms here.
+  const { url } = await startRouter(
+    t,
+    [
+      { id: 'p0', role: 'prefill', url: p.url },
+      { id: 'd0', role: 'decode', url: d.url },
+    ],
+    { probe: false, adminToken: ADMIN, agentToken: AGENT, events: { keepAliveMs: 100 }, leases: { leaseSeconds: 2, marginMs: 500, readCheck: 'auto' } },
+  )
+  const auth = { authorization: `Bearer ${AGENT}` }
+  const reg = await post(`${url}/v1/agents`, { agentId: 'd0-agent', engineId: 'd0-engine', role: 'decode', agentUrl: 'http://127.0.0.1:7999', engineUrl: d.url, kind: 'transfer-agent' }, auth)
+  t.equal(reg.status, 200)
+  await sleep(500)
+  const stale = await withFrozenDecoder(d, 2500, () => post(`${url}/v1/completions`, body))
+  t.match(stale.json(), { error: { code: 'RTR_ERR_LATE_READ' } }, 'registered but never connected, and not lately: checked as stock', { body: stale.text })
+  const ac = new AbortController()
+  t.teardown(() => ac.abort())
+  const stream = await fetch(`${url}/v1/agents/d0-agent/events`, { headers: auth, signal: ac.signal })
+  t.equal(stream.status, 200, 'its event stream is open')
+  await sleep(500)
+  const live = await withFrozenDecoder(d, 2500, () => post(`${url}/v1/completions`, body))
+  t.equal(live.status, 200, 'connected: its agent checks the read, the answer passes', { body: live.text })
+})

@@ -21,8 +21,12 @@ export interface AgentRecord {
   /** The topology instance whose URL is engineUrl, if any. */
   readonly instanceId: string | undefined
   readonly registeredAt: number
-  /** Event streams open now. */
+  /** Event streams open now, on this router. */
   streams: number
+  /**
+   * Wall ms it was last known connected: registered, a stream opened or closed, or (several
+   * routers) refreshed by the router holding its open stream (refreshConnected).
+   */
   lastSeenAt: number
 }
 
@@ -40,9 +44,17 @@ export class AgentDirectory {
   readonly #clock: Clock
   readonly #agents = new Map<string, AgentRecord>()
   readonly #listeners = new Set<AgentChangeListener>()
+  /** How long an agent without an open stream is still trusted to check its reads, ms. */
+  readonly trustMs: number
 
-  constructor(opts: { clock: Clock }) {
+  /**
+   * `trustMs`: an agent whose stream closed is still trusted to check its engine's reads this
+   * long (one that reconnects does so within about three keep-alive intervals), and one that
+   * registered but never opened a stream, this long after its registration. Default 15 s.
+   */
+  constructor(opts: { clock: Clock; trustMs?: number }) {
     this.#clock = opts.clock
+    this.trustMs = opts.trustMs ?? 15_000
   }
 
   get size(): number {
@@ -134,11 +146,33 @@ export class AgentDirectory {
 
   /**
    * Whether a transfer agent runs instance `instanceId`'s engine, and so checks its reads
-   * against the lease (on the request path: no array is built).
+   * against the lease (on the request path: no array is built). Only a live one: its stream is
+   * open (here, or on another router that keeps its record fresh), or was within `trustMs`.
+   * A registration alone would trust the instance for ever, also once a stock engine that
+   * checks nothing serves at its URL (issue 37 item 4): then the router checks it as stock.
    */
   checksReads(instanceId: string): boolean {
-    for (const a of this.#agents.values()) if (a.instanceId === instanceId && a.kind === 'transfer-agent') return true
+    let now: number | undefined
+    for (const a of this.#agents.values()) {
+      if (a.instanceId !== instanceId || a.kind !== 'transfer-agent') continue
+      if (a.streams > 0) return true
+      now ??= this.#clock.now()
+      if (now - a.lastSeenAt <= this.trustMs) return true
+    }
     return false
+  }
+
+  /**
+   * Several routers: the agents whose streams this router holds are known connected now; their
+   * records are written again (subscribers share them), so the other routers keep trusting them.
+   */
+  refreshConnected(): void {
+    const now = this.#clock.now()
+    for (const a of this.#agents.values()) {
+      if (a.streams === 0) continue
+      a.lastSeenAt = now
+      this.#emit(a.agentId, a)
+    }
   }
 
   byInstance(instanceId: string): AgentRecord[] {
@@ -152,12 +186,13 @@ export class AgentDirectory {
       .map((a) => a.engineId)
   }
 
-  /** Marks a stream opened or closed. */
+  /** Marks a stream opened or closed; the record is written again when it connects or disconnects. */
   streamOpened(agentId: string): void {
     const a = this.#agents.get(agentId)
     if (!a) return
     a.streams++
     a.lastSeenAt = this.#clock.now()
+    if (a.streams === 1) this.#emit(agentId, a)
   }
 
   streamClosed(agentId: string): void {
@@ -165,5 +200,6 @@ export class AgentDirectory {
     if (!a) return
     a.streams = Math.max(0, a.streams - 1)
     a.lastSeenAt = this.#clock.now()
+    if (a.streams === 0) this.#emit(agentId, a)
   }
 }

@@ -1,5 +1,5 @@
 import type { Redis } from 'ioredis'
-import type { Clock } from '../../../common/clock.js'
+import type { Clock, ClockTimer } from '../../../common/clock.js'
 import type { InstanceConfig } from '../../../schemas/router-config.js'
 import type { AgentDirectory, AgentRecord } from '../events/agent-directory.js'
 import type { StreamPresence } from '../events/router-events.js'
@@ -109,6 +109,7 @@ export class SharedTopology implements StreamPresence {
   #closed = false
   #loop: Promise<void> | undefined
   #synced = false
+  #refresh: ClockTimer | undefined
 
   constructor(opts: SharedTopologyOptions) {
     this.#o = opts
@@ -144,6 +145,17 @@ export class SharedTopology implements StreamPresence {
       this.#o.logger.warn({ err: (err as Error).message }, 'shared topology: Redis unreachable at start; routing from the config until it answers')
     }
     this.#loop = this.#follow()
+    // The other routers trust an agent's reads only while its record says it was connected
+    // lately (AgentDirectory.checksReads): the streams held here are written again well within that.
+    const every = Math.max(100, this.#o.agents.trustMs / 3)
+    const refresh = (): void => {
+      if (this.#closed) return
+      this.#o.agents.refreshConnected()
+      this.#refresh = this.#o.clock.setTimeout(refresh, every)
+      this.#refresh.unref?.()
+    }
+    this.#refresh = this.#o.clock.setTimeout(refresh, every)
+    this.#refresh.unref?.()
   }
 
   /**
@@ -243,6 +255,7 @@ export class SharedTopology implements StreamPresence {
   async close(): Promise<void> {
     if (this.#closed) return
     this.#closed = true
+    if (this.#refresh) this.#o.clock.clearTimeout(this.#refresh)
     for (const u of this.#unsubscribe) u()
     this.#reader.disconnect()
     await this.#loop

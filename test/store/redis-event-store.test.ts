@@ -160,4 +160,34 @@ t.test('the Redis event store', { skip: needRedis(t) }, async (t) => {
     t.same((await logged()).sort(), ['r2', 'r3', 'r4'], 'and logged again what was not delivered')
     t.ok(resets.length >= 3, `each change was reported (${resets.length})`)
   })
+
+  t.test('a replay that fails mid-way keeps the order: a peer_alive is never logged before its peer_gone (issue 37 item 4)', async (t) => {
+    const redis = new Redis(server.port, '127.0.0.1')
+    t.teardown(() => redis.quit())
+    const store = await RedisEventStore.open({ clock: new ManualClock(), redis, prefix: 'order:' })
+    t.teardown(() => store.close())
+    await store.appendPeerGone({ type: 'peer_gone', engineIds: ['e1'], addresses: [], reason: 'restarted' }, ['a'])
+    await store.appendPeerAlive({ type: 'peer_alive', engineIds: ['e1'], reason: 'answered again' }, ['a'])
+    t.same((await store.snapshot()).goneEngineIds, [], 'before: e1 gone, then alive again')
+
+    // The log loses its data; the first replayed event's script fails once (Redis went away for it).
+    await redis.del('order:events', 'order:events:id', 'order:events:seq', 'order:events:gone')
+    const evalOnce = redis.eval.bind(redis) as (...args: unknown[]) => Promise<unknown>
+    let failed = 0
+    ;(redis as unknown as { eval: (...args: unknown[]) => Promise<unknown> }).eval = (...args) => {
+      if (failed === 0 && args.some((a) => typeof a === 'string' && a.includes('"type":"peer_gone"'))) {
+        failed++
+        return Promise.reject(new Error('connection lost'))
+      }
+      return evalOnce(...args)
+    }
+    await t.rejects(store.append({ type: 'lease_release', prefillEngineId: 'p', requestIds: ['r1'], reason: 't' }, ['a']), /connection lost/, 'the append that found the new log met the failed replay')
+    t.equal(failed, 1)
+    // A quiet read round replays the rest.
+    const types = async () => (await store.since(0)).filter((e) => e.type === 'peer_gone' || e.type === 'peer_alive').map((e) => e.type)
+    const deadline = Date.now() + 10_000
+    while ((await types()).length < 2 && Date.now() < deadline) await new Promise((r) => setTimeout(r, 50))
+    t.same(await types(), ['peer_gone', 'peer_alive'], 'replayed in the order they were logged')
+    t.same((await store.snapshot()).goneEngineIds, [], 'e1 is alive, not tombstoned')
+  })
 })

@@ -597,7 +597,13 @@ export class RedisEventStore implements EventStore {
         else if (e.kind === 'gone') await this.appendPeerGone(e.input, e.expected)
         else await this.appendPeerAlive(e.input, e.expected)
       } catch (err) {
-        this.#mine.set(key, e) // again at the next renewal (its place in the order is lost)
+        // Again at the next renewal, first: it came before every event still kept (the stale
+        // ones after it, and whatever this log took since). Put back at the end, a peer_alive
+        // would be logged before its peer_gone and leave a live engine tombstoned.
+        const after = [...this.#mine]
+        this.#mine.clear()
+        this.#mine.set(key, e)
+        for (const [k, v] of after) this.#mine.set(k, v)
         this.#toReplay = true
         throw err
       }

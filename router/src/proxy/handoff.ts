@@ -97,8 +97,17 @@ export function wholeAnswer(text: Buffer): WholeAnswer {
 }
 
 /** D's whole answer did not come within the read window: nothing proves its read was in time. */
-class UnprovenRead extends Error {}
-const unproven = (): Error => new UnprovenRead('no whole answer within the read window')
+class UnprovenRead extends Error {
+  /** How long the leg had been out when it was given up: a lower bound on its time. */
+  constructor(readonly ms: number) {
+    super('no whole answer within the read window')
+  }
+}
+
+/** A proven leg's deadline: past it the leg stops with UnprovenRead. */
+function withDeadline(ms: number): Pick<UpstreamCall, 'deadlineMs' | 'deadlineError'> {
+  return { deadlineMs: ms, deadlineError: () => new UnprovenRead(ms) }
+}
 
 /**
  * One prompt's way through the cluster (DESIGN "One request, end to end", steps 2–6):
@@ -162,6 +171,9 @@ export class HandoffRunner {
       if (!(err instanceof UnprovenRead)) throw err
       metrics.unprovenReads.inc()
       const d = h.decode
+      // Its pace learns from the leg it never saw end (decode-pace.ts).
+      const bound = maxTokensOf((m) => body.get(m))
+      if (bound !== undefined) this.#d.pace?.tooSlow(d, err.ms, bound)
       const where = `handoff ${h.engineRequestId}: ${d}'s whole answer did not come within the read window`
       const again = this.#d.admission.retryRoute(body.get('model') as string, new Set(), 'pd')
       if (!again) throw new RTR_ERR_LATE_READ(d, `${where}; no prefiller is free to prefill again`)
@@ -212,7 +224,7 @@ export class HandoffRunner {
   /** D's whole answer, read here: proven by its arrival within the read window (Handoff.wholeAnswer), or UnprovenRead. */
   async #whole(h: Handoff, a: Answer & { kind: 'upstream' }): Promise<WholeAnswer> {
     const text = await this.#d.upstream.readAll(a.call, a.answer)
-    if (!h.wholeAnswer()) throw unproven()
+    if (!h.wholeAnswer()) throw new UnprovenRead(performance.now() - a.answer.sentAt)
     this.#d.metrics.wholeAnswerReads.inc()
     const whole = wholeAnswer(text)
     this.pace(a, whole.json)
@@ -259,7 +271,7 @@ export class HandoffRunner {
       // A non-streamed answer's head comes only when generation ends.
       headersTimeoutMs: leg.view.get('stream') === true ? this.#d.timeouts.decodeHeadersMs : this.#d.timeouts.generationMs,
       bodyTimeoutMs: this.#d.timeouts.idleMs,
-      ...(leg.proveWhole ? { deadlineMs: Math.max(0, h.readWindowLeft()), deadlineError: unproven } : {}),
+      ...(leg.proveWhole ? withDeadline(Math.max(0, h.readWindowLeft())) : {}),
     })
     let leg = legFor(d.id)
     let c = call(d, leg)

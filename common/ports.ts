@@ -1,4 +1,4 @@
-import { closeSync, mkdirSync, openSync, readFileSync, statSync, utimesSync } from 'node:fs'
+import { closeSync, mkdirSync, openSync, readdirSync, readFileSync, rmSync, statSync, utimesSync } from 'node:fs'
 import { createServer, type AddressInfo } from 'node:net'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
@@ -41,7 +41,9 @@ function claim(port: number): boolean {
   const file = join(dir, String(port))
   try {
     mkdirSync(dir, { recursive: true })
+    if (claimed.size === 0) sweep(dir)
     closeSync(openSync(file, 'wx'))
+    own(file)
     return true
   } catch (err) {
     if ((err as NodeJS.ErrnoException).code !== 'EEXIST') return true // no claims possible here: the bind check alone
@@ -50,9 +52,31 @@ function claim(port: number): boolean {
     if (Date.now() - statSync(file).mtimeMs < CLAIM_MS) return false
     const now = new Date()
     utimesSync(file, now, now)
+    own(file)
     return true
   } catch {
     return false
+  }
+}
+
+/** Claim files this process made: removed when it exits (a run used to leave hundreds behind). */
+const claimed = new Set<string>()
+
+function own(file: string): void {
+  if (claimed.size === 0) process.once('exit', () => claimed.forEach((f) => rmSync(f, { force: true })))
+  claimed.add(file)
+}
+
+/** Removes claims past CLAIM_MS (their processes were killed before they could): once per process. */
+function sweep(dir: string): void {
+  const old = Date.now() - CLAIM_MS
+  for (const name of readdirSync(dir)) {
+    const file = join(dir, name)
+    try {
+      if (statSync(file).mtimeMs < old) rmSync(file, { force: true })
+    } catch {
+      // another process removed it first
+    }
   }
 }
 

@@ -1,5 +1,7 @@
 import { spawnSync } from 'node:child_process'
-import { readFileSync } from 'node:fs'
+import { existsSync, readFileSync } from 'node:fs'
+import { tmpdir } from 'node:os'
+import { join } from 'node:path'
 import { createServer } from 'node:net'
 import t from 'tap'
 import { freePort } from '../../common/ports.js'
@@ -31,4 +33,15 @@ t.test('freePort: a port handed to one process is not handed to another for a mi
   const theirs = JSON.parse(run.stdout.trim().split('\n').at(-1) ?? '[]') as number[]
   t.equal(theirs.length, 200)
   t.same(theirs.filter((p) => mine.has(p)), [], 'another process got none of them')
+})
+
+t.test('freePort: a process that exits leaves no claim behind (issue 38: 505 files after one run)', async (t) => {
+  const script = `import('${new URL('../../common/ports.ts', import.meta.url).pathname}').then(async ({ freePort }) => { const out = []; for (let i = 0; i < 5; i++) out.push(await freePort()); console.log(JSON.stringify(out)) })`
+  const run = spawnSync(process.execPath, [...process.execArgv, '--input-type=module', '-e', script], { encoding: 'utf8', timeout: 60_000 })
+  t.equal(run.status, 0, run.stderr)
+  const ports = JSON.parse(run.stdout.trim().split('\n').at(-1) ?? '[]') as number[]
+  t.equal(ports.length, 5)
+  t.same(ports.filter((p) => existsSync(join(tmpdir(), 'handoff-ports', String(p)))), [], 'its claim files are gone')
+  const mine = await freePort()
+  t.ok(existsSync(join(tmpdir(), 'handoff-ports', String(mine))), 'while a live process holds its claim')
 })

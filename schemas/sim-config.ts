@@ -9,6 +9,15 @@ export const SimConfig = Type.Object(
     model: Type.String({ minLength: 1, default: 'handoff/sim-1' }),
     // One per process incarnation, like vLLM's generated uuid; fixed only when asked.
     engineId: Type.Optional(Type.String({ minLength: 1 })),
+    // vLLM's --data-parallel-size: with more than one rank every rank is its own engine,
+    // named `<engineId>_dp<rank>` (vLLM 0.32 v1/engine/core.py run_engine_core), its side
+    // channel at sideChannelPort + rank. Without dataParallelRank the process serves every
+    // rank behind its one port (vLLM's internal load balancing; `--kv none` only: each rank
+    // would need its own transfer agent).
+    dataParallelSize: Type.Integer({ minimum: 1, maximum: 64, default: 1 }),
+    // vLLM's --data-parallel-rank (external load balancing): this process is that one rank
+    // of dataParallelSize, with its own API server; a load balancer fronts the ranks.
+    dataParallelRank: Type.Optional(Type.Integer({ minimum: 0, maximum: 63 })),
     // `none`: D computes the prompt's KV itself; `agent`: KV moves through transfer agents.
     kv: Type.Union([Type.Literal('none'), Type.Literal('agent')], { default: 'none' }),
     // `--kv agent`: the transfer agent's loopback API (required in that mode; sim/src/config.ts

@@ -70,6 +70,23 @@ function agentTransport(config: Readonly<SimConfig>, shmName: string | undefined
   }
 }
 
+interface Rank {
+  rank: number
+  engineId: string
+}
+
+/**
+ * The data-parallel ranks this process serves, each its own engine: vLLM names a rank's
+ * engine `<engine_id>_dp<rank>` whenever data parallel is on (a size above 1, or a rank above
+ * 0; vLLM 0.32 v1/engine/core.py run_engine_core), and leaves one engine's id alone.
+ */
+function dataParallelRanks(config: Readonly<SimConfig>, base: string): Rank[] {
+  const own = config.dataParallelRank
+  const dp = config.dataParallelSize > 1 || (own ?? 0) > 0
+  const ranks = own !== undefined ? [own] : Array.from({ length: config.dataParallelSize }, (_, r) => r)
+  return ranks.map((rank) => ({ rank, engineId: dp ? `${base}_dp${rank}` : base }))
+}
+
 /** OpenAI error `type` per status, as vLLM names them. */
 function errorType(status: number): string {
   if (status === 401) return 'AuthenticationError'
@@ -115,14 +132,16 @@ export function buildApp(deps: SimDeps): FastifyInstance {
     : KvRegion.allocate({ blockSize: config.blockSize, bytesPerToken: config.bytesPerToken, numBlocks: config.numBlocks })
   const allocator = new BlockAllocator(config.numBlocks)
   const metrics = createSimMetrics({ registry, model: config.model, kvUsage: () => allocator.usedCount / allocator.numBlocks })
-  const engineId = config.engineId ?? `sim-${random.hex(8)}`
+  const ranks = dataParallelRanks(config, config.engineId ?? `sim-${random.hex(8)}`)
+  // With --kv agent there is one rank (config.ts): the agent serves that engine.
+  const engineId = (ranks[0] as Rank).engineId
   const kv =
     config.kv === 'agent'
       ? (deps.kvTransport ?? agentTransport(config, deps.shmName ?? config.shmName))({ engineId, region, allocator, metrics, clock, log: logger })
       : undefined
-  const engine = new SimEngine({
+  const engines = ranks.map((rank) => new SimEngine({
     role: config.role,
-    engineId,
+    engineId: rank.engineId,
     kvMode: config.kv,
     vllmCompat: config.vllmCompat,
     prefillDelayMs: config.prefillDelayMs,
@@ -130,7 +149,7 @@ export function buildApp(deps: SimDeps): FastifyInstance {
     announcePulls: !config.skipPullExpectations,
     leaseSeconds: config.leaseSeconds,
     sideChannelHost: config.sideChannelHost,
-    sideChannelPort: config.sideChannelPort,
+    sideChannelPort: config.sideChannelPort + rank.rank,
     clock,
     random,
     region,
@@ -138,13 +157,14 @@ export function buildApp(deps: SimDeps): FastifyInstance {
     metrics,
     ...(kv ? { kv } : {}),
     kvLoadFailurePolicy: config.kvLoadFailurePolicy,
-  })
+  }))
   const shutdown = new AbortController()
   const ctx: SimContext = {
     config,
     clock,
     random,
-    engine,
+    engines,
+    nextRank: 0,
     region,
     allocator,
     kv,
@@ -215,6 +235,6 @@ export function buildApp(deps: SimDeps): FastifyInstance {
   app.addHook('onClose', async () => {
     await kv?.close()
   })
-  app.log.info({ engineId, role: config.role, kv: config.kv, model: config.model }, 'simulator built')
+  app.log.info({ engineIds: ranks.map((r) => r.engineId), role: config.role, kv: config.kv, model: config.model }, 'simulator built')
   return app
 }

@@ -75,5 +75,12 @@ export function validateSimConfig(raw: Record<string, unknown>): Readonly<SimCon
   const config = copy as SimConfig
   // A rule across keys, which the schema does not express.
   if (config.kv === 'agent' && config.agentUrl === undefined) throw new SIM_ERR_INVALID_CONFIG('/agentUrl is required with --kv agent')
+  if (config.dataParallelRank !== undefined && config.dataParallelRank >= config.dataParallelSize) {
+    throw new SIM_ERR_INVALID_CONFIG(`/dataParallelRank must be below --data-parallel-size (${config.dataParallelSize})`)
+  }
+  // One transfer agent serves one engine; vLLM runs one NIXL agent per rank.
+  if (config.kv === 'agent' && config.dataParallelSize > 1 && config.dataParallelRank === undefined) {
+    throw new SIM_ERR_INVALID_CONFIG('/dataParallelSize above 1 serves every rank behind one port: --kv none only (with --kv agent, one process per rank: --data-parallel-rank)')
+  }
   return deepFreeze(config)
 }

@@ -15,7 +15,13 @@ export interface SimContext {
   readonly config: Readonly<SimConfig>
   readonly clock: Clock
   readonly random: Random
-  readonly engine: SimEngine
+  /**
+   * The data-parallel ranks behind this port, in rank order (one without data parallel, or
+   * with --data-parallel-rank): each request is served by one of them.
+   */
+  readonly engines: readonly SimEngine[]
+  /** The rank a request without X-data-parallel-rank goes to next (round robin). */
+  nextRank: number
   readonly region: KvRegion
   readonly allocator: BlockAllocator
   /** `--kv agent` only: the link to the transfer agent. */

@@ -4,7 +4,7 @@ import { sleep } from '../../../common/timers.js'
 import { vllmRequestProblem } from '../../../common/vllm-request-rules.js'
 import type { ChatCompletionRequest, CompletionRequest, Usage } from '../../../schemas/openai.js'
 import type { SimContext } from '../context.js'
-import { isKvLoadFailure, type EngineResult } from '../engine.js'
+import { isKvLoadFailure, type EngineResult, type SimEngine } from '../engine.js'
 import { SIM_ERR_BAD_REQUEST, SIM_ERR_DUPLICATE_REQUEST_ID, SIM_ERR_INJECTED, SIM_ERR_MODEL_NOT_FOUND } from '../errors.js'
 import { promptLogprobs } from '../prompt-logprobs.js'
 import { preparePrompts, specFromChat, specFromCompletion, type PromptInput, type PromptSpec } from '../prompt.js'
@@ -57,6 +57,7 @@ async function serve(ctx: SimContext, kind: Kind, request: FastifyRequest<{ Body
   if (body.model !== config.model) throw new SIM_ERR_MODEL_NOT_FOUND(body.model)
   const problem = vllmRequestProblem(body, kind === 'chat')
   if (problem) throw new SIM_ERR_BAD_REQUEST(problem.message)
+  const engine = engineFor(ctx, request.headers['x-data-parallel-rank'])
   // A completion request may carry a batch of prompts: vLLM serves each, choices in order.
   const inputs = preparePrompts(spec, { ...config, eosAfterTokens: ctx.faults.current.eosAfterTokens })
   const responseId = `${kind === 'chat' ? 'chatcmpl' : 'cmpl'}-${request.id}`
@@ -104,7 +105,7 @@ async function serve(ctx: SimContext, kind: Kind, request: FastifyRequest<{ Body
     const remote = (body.kv_transfer_params as { do_remote_prefill?: unknown } | null | undefined)?.do_remote_prefill === true
     for (const input of inputs) {
       const run = (): Promise<EngineResult> =>
-        ctx.engine.run({ responseId, input, kvTransferParams: body.kv_transfer_params, signal, log: request.log, failKvLoad: fault === 'kv_load_failure' })
+        engine.run({ responseId, input, kvTransferParams: body.kv_transfer_params, signal, log: request.log, failKvLoad: fault === 'kv_load_failure' })
       const first = await run()
       for (let j = 0; j < n; j++) {
         choices.push(j === 0 || !remote ? first : await run())
@@ -200,6 +201,25 @@ async function serve(ctx: SimContext, kind: Kind, request: FastifyRequest<{ Body
   }
   done(true, result)
   return reply.send(payload)
+}
+
+/**
+ * The data-parallel rank serving a request: the one vLLM's X-data-parallel-rank header names
+ * (a value that is not an integer is ignored, as vLLM ignores it; one out of range is 400, as
+ * vLLM's input processor refuses it), else the next rank in turn. vLLM's own balancer picks
+ * the least loaded rank; round robin is enough to alternate engine_ids behind one port.
+ */
+function engineFor(ctx: SimContext, header: string | string[] | undefined): SimEngine {
+  const raw = typeof header === 'string' ? header.trim() : ''
+  if (/^[+-]?\d+$/.test(raw)) {
+    const rank = Number(raw)
+    const named = ctx.engines[rank]
+    if (!named) throw new SIM_ERR_BAD_REQUEST(`data_parallel_rank ${rank} is out of range [0, ${ctx.engines.length}).`)
+    return named
+  }
+  const next = ctx.engines[ctx.nextRank % ctx.engines.length] as SimEngine
+  ctx.nextRank = (ctx.nextRank + 1) % ctx.engines.length
+  return next
 }
 
 /**

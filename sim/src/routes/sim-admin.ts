@@ -88,6 +88,8 @@ export async function simAdminRoutes(app: FastifyInstance, ctx: SimContext): Pro
           200: Type.Object(
             {
               engineId: Type.String(),
+              // Every data-parallel rank's engine_id, in rank order (engineId is the first).
+              engineIds: Type.Array(Type.String()),
               role: Type.String(),
               kv: Type.String(),
               model: Type.String(),
@@ -107,7 +109,8 @@ export async function simAdminRoutes(app: FastifyInstance, ctx: SimContext): Pro
       },
     },
     async () => ({
-      engineId: ctx.engine.engineId,
+      engineId: ctx.engines.map((e) => e.engineId)[0] as string,
+      engineIds: ctx.engines.map((e) => e.engineId),
       role: ctx.config.role,
       kv: ctx.config.kv,
       model: ctx.config.model,

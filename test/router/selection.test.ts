@@ -4,7 +4,7 @@ import type { InstanceView, TopologySnapshot } from '../../router/src/topology/r
 import { paired, pickLeastLoaded, selectDecoder, selectRoute } from '../../router/src/topology/selection.js'
 
 function inst(id: string, role: InstanceView['role'], extra: Partial<InstanceView> = {}): InstanceView {
-  return { id, role, source: 'config', url: `http://127.0.0.1/${id}`, labels: {}, engineId: undefined, healthy: true, draining: false, inflight: 0, limit: Number.POSITIVE_INFINITY, models: new Set(['m']), ...extra }
+  return { id, role, source: 'config', url: `http://127.0.0.1/${id}`, labels: {}, engineIds: [], engineId: undefined, sharedRanks: false, healthy: true, draining: false, inflight: 0, limit: Number.POSITIVE_INFINITY, models: new Set(['m']), ...extra }
 }
 
 function snap(instances: InstanceView[]): TopologySnapshot {

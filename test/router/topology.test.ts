@@ -28,12 +28,14 @@ t.test('GET /topology: instances with engine_ids and agents, pairings, event log
   t.match(reg.json(), { agentId: 'agent-d0', instanceId: 'd0' })
 
   const topo = (await get(`${url}/topology`, auth)).json<{
-    instances: { id: string; engineId: string | null; state: string; agents: { agentId: string; peerAddress: string }[] }[]
+    instances: { id: string; engineId: string | null; engineIds: string[]; sharedRanks: boolean; state: string; agents: { agentId: string; peerAddress: string }[] }[]
     pairing: { mode: string; pairs: [string, string][] }
     events: { first: number; last: number }
   }>()
   const byId = new Map(topo.instances.map((i) => [i.id, i]))
   t.match(byId.get('p0')?.engineId, /^sim-/, "p0's engine_id was learned from its prefill answer")
+  t.same(byId.get('p0')?.engineIds, [byId.get('p0')?.engineId], 'the set of its engine_ids: one engine behind the URL')
+  t.equal(byId.get('p0')?.sharedRanks, false)
   t.equal(byId.get('d0')?.engineId, null, "d0's agent claims one, but only the engine's own answers name it (issue 18 item 2)")
   t.same(byId.get('d0')?.agents.map((a) => [a.agentId, a.peerAddress]), [['agent-d0', '127.0.0.1:7601']])
   t.equal(byId.get('d1')?.state, 'ready')

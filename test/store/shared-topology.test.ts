@@ -39,6 +39,28 @@ t.test('two routers on one Redis', { skip: needRedis(t) }, async (t) => {
     t.notOk(d.registry.has('d1'), 'the tombstone keeps a later joiner from bringing it back')
   })
 
+  t.test('an instance\'s set of engine_ids reaches the other router, and so does a URL found to front several engines per rank (issue 37 item 3)', async (t) => {
+    const { router } = await setup(t)
+    const a = await router('a')
+    const b = await router('b')
+    const ids = (r: TopologyRegistry) => [...(view(r, 'p0')?.engineIds ?? [])].sort()
+    const replaced: string[] = []
+    b.registry.subscribe((c) => c.type === 'engine_id_changed' && replaced.push(c.previous))
+    for (const e of ['X_dp0', 'X_dp1', 'X_dp0']) a.registry.observeEngineId('p0', e)
+    t.ok(await waitFor(() => ids(b.registry).join() === 'X_dp0,X_dp1'), "both ranks learned on a are b's too")
+    a.registry.observeEngineId('p0', 'Y_dp1')
+    t.ok(await waitFor(() => ids(b.registry).join() === 'X_dp0,Y_dp1'), 'a replaced rank 1: so does b')
+    t.same(replaced, ['X_dp1'], 'for rank 1 alone')
+    // Rank 0 turns out to be two engines (two pods behind the URL): found on a.
+    for (const e of ['Z_dp0', 'X_dp0']) a.registry.observeEngineId('p0', e)
+    t.ok(await waitFor(() => view(b.registry, 'p0')?.sharedRanks === true), 'b knows the URL fronts several engines per rank')
+    t.ok(await waitFor(() => ids(b.registry).join() === 'X_dp0,Y_dp1,Z_dp0'))
+    b.registry.observeEngineId('p0', 'W_dp1')
+    t.same(ids(b.registry), ['W_dp1', 'X_dp0', 'Y_dp1', 'Z_dp0'], 'and replaces nothing there either')
+    // a's one wrong replacement (Z_dp0 for X_dp0) b follows or not, as it reads a's row before or after the proof.
+    t.same(replaced.filter((e) => e !== 'X_dp0'), ['X_dp1'], 'nothing replaced after it')
+  })
+
   t.test("only the prober leader's verdicts are shared, and they apply without a threshold", async (t) => {
     const { router } = await setup(t)
     const a = await router('a')

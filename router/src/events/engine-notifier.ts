@@ -62,7 +62,7 @@ export class EngineNotifier {
     const withAgents = new Set(this.#o.agents.all().map((a) => a.instanceId))
     const targets = this.#o.registry
       .snapshot()
-      .instances.filter((i) => !withAgents.has(i.id) && !(i.engineId && event.engineIds.includes(i.engineId)))
+      .instances.filter((i) => !withAgents.has(i.id) && !i.engineIds.some((e) => event.engineIds.includes(e)))
     for (const instance of targets) {
       for (const engineId of event.engineIds) {
         if (!this.#o.urlTemplate) {

@@ -8,7 +8,7 @@ import type { LeaseReleaseInput, LoggedEvent } from './event-log.js'
 
 /**
  * Where the router decides to tell the agents something (DESIGN "Events"): an engine_id that
- * is gone (a new engine_id at an address, an agent re-registering under another engine,
+ * is gone (a new engine_id under its rank at an instance, topology/engine-ids.ts; a crash,
  * ops tooling, a drained instance) becomes one `peer_gone`; a lease nobody will read becomes
  * a `lease_release` for the prefiller's agent. Both go into the one ordered log (the event
  * store, shared by every router on Redis); the stream routes deliver them.
@@ -130,7 +130,10 @@ export class RouterEvents {
       // After the registry has told everyone (it is mid-notification now).
       if (change.type === 'added') queueMicrotask(() => this.#adopt(change.instanceId))
       if (change.type === 'refusing') this.#decide(`crash check of ${change.instanceId}`, () => this.#crashed(change.instanceId))
-      if (change.type === 'engine_id_learned') this.#known.add(change.engineId)
+      if (change.type === 'engine_id_learned') {
+        this.#known.add(change.engineId)
+        if (change.sharedRanks) this.#logger.warn({ instance: change.instanceId, engineId: change.engineId }, 'an engine_id replaced at this URL answered again: the URL fronts several engines per rank, and from now on no engine_id there replaces another')
+      }
       if (change.type !== 'engine_id_changed') return
       this.#known.add(change.previous).add(change.current)
       this.#decide(`peer_gone for ${change.previous}`, () => this.peerGone({ engineIds: [change.previous] }, `engine_id_changed at ${change.address}`))
@@ -235,9 +238,8 @@ export class RouterEvents {
     if (!this.#registry.isRefusing(instanceId) || !this.#registry.has(instanceId)) return
     const agents = this.agents.byInstance(instanceId)
     if (await this.#presence.anyOpen(agents.map((a) => a.agentId))) return
-    // The engine's own engine_id (from its answers), never an agent's claim (registerAgent).
-    const current = this.#registry.snapshot().instances.find((i) => i.id === instanceId)?.engineId
-    const ids = new Set(current ? [current] : [])
+    // The engine's own engine_ids (from its answers; every rank behind the URL), never an agent's claim (registerAgent).
+    const ids = new Set(this.#registry.snapshot().instances.find((i) => i.id === instanceId)?.engineIds)
     for (const id of ids) this.#known.add(id)
     // Out of the directory first: delivery of this very peer_gone must not wait for them.
     for (const a of agents) this.agents.remove(a.agentId)
@@ -278,7 +280,7 @@ export class RouterEvents {
     const ids = new Set<string>()
     const unknown: string[] = []
     const aliveSkipped: string[] = []
-    const current = new Set(this.#registry.snapshot().instances.map((i) => i.engineId))
+    const current = new Set(this.#registry.snapshot().instances.flatMap((i) => i.engineIds))
     for (const a of this.agents.all()) current.add(a.engineId)
     for (const id of target.engineIds ?? []) {
       if (this.#known.has(id) || current.has(id) || (await this.store.isGone(id))) ids.add(id)
@@ -309,7 +311,7 @@ export class RouterEvents {
     for (const id of ids) for (const a of this.agents.byEngine(id)) peerAddresses.add(a.peerAddress)
     for (const inst of this.#registry.snapshot().instances) {
       const side = inst.labels[SIDE_CHANNEL_LABEL]
-      if (side && inst.engineId && ids.has(inst.engineId)) peerAddresses.add(side)
+      if (side && inst.engineIds.some((e) => ids.has(e))) peerAddresses.add(side)
     }
     // Only engine_ids not gone yet are logged, checked in the same step across every router.
     const input = { type: 'peer_gone' as const, engineIds: [...ids], addresses: [...peerAddresses], reason }
@@ -325,7 +327,7 @@ export class RouterEvents {
 
   /** Up and answering under `engineId`: an instance with it passes its probes, or an agent running it holds a stream. */
   async #alive(engineId: string): Promise<boolean> {
-    if (this.#registry.snapshot().instances.some((i) => i.engineId === engineId && this.#registry.isUp(i.id))) return true
+    if (this.#registry.snapshot().instances.some((i) => i.engineIds.includes(engineId) && this.#registry.isUp(i.id))) return true
     const agents = this.agents.byEngine(engineId)
     return agents.length > 0 && (await this.#presence.anyOpen(agents.map((a) => a.agentId)))
   }
@@ -379,7 +381,7 @@ export class RouterEvents {
   #resolve(address: string): string[] {
     const ids = new Set(this.agents.engineIdsAt(address))
     for (const inst of this.#registry.snapshot().instances) {
-      if (inst.engineId && (new URL(inst.url).host === address || inst.labels[SIDE_CHANNEL_LABEL] === address)) ids.add(inst.engineId)
+      if (new URL(inst.url).host === address || inst.labels[SIDE_CHANNEL_LABEL] === address) for (const e of inst.engineIds) ids.add(e)
     }
     return [...ids]
   }

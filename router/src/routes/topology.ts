@@ -7,7 +7,7 @@ import type { PairBreakers } from '../topology/pair-breakers.js'
 
 /**
  * `GET /topology` (admin-guarded: it names internal addresses): every instance with its
- * role, state, engine_id, load and agents; which decoders may read from which prefillers
+ * role, state, engine_ids, load and agents; which decoders may read from which prefillers
  * (and which pairs rest after KV-load failures);
  * and where the event log stands. A read of the registry's snapshot, nothing more.
  */
@@ -23,7 +23,11 @@ export const topologyRoutes: FastifyPluginAsync<{ registry: TopologyRegistry; ev
       role: i.role,
       source: i.source,
       url: i.url,
+      // Every live engine_id behind its URL (data-parallel ranks, pods behind one Service);
+      // engineId is the one added last, as before there were several.
+      engineIds: i.engineIds,
       engineId: i.engineId ?? null,
+      sharedRanks: i.sharedRanks,
       state: i.draining ? 'draining' : i.healthy ? 'ready' : 'unhealthy',
       inflight: i.inflight,
       labels: i.labels,

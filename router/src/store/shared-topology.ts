@@ -17,8 +17,11 @@ import type { LeaderLock } from './leader.js'
  * meanwhile and reads everything again.
  *
  * Keys, under the prefix:
- * - `instances`: hash, instance id → its record (config, origin, engine_id, draining), or a
- *   tombstone `{removed: true}` so a router that missed the removal does not bring it back;
+ * - `instances`: hash, instance id → its record (config, origin, engine_ids, draining), or a
+ *   tombstone `{removed: true}` so a router that missed the removal does not bring it back.
+ *   `engineIds` is the set, least recently seen first, with `sharedRanks` when the URL proved
+ *   to front several engines per rank; `engineId`, the newest, is what routers from before
+ *   sets read;
  * - `health`: hash, instance id → the prober leader's verdict `{up, models}` (written only
  *   while the writer still leads: LeaderLock.fenced checks its term in the same script);
  * - `agents`: hash, agent id → its record, or a tombstone;
@@ -66,7 +69,10 @@ interface InstanceRecord {
   url?: string
   labels?: Record<string, string>
   source?: InstanceSource
+  /** The newest of engineIds (routers from before the set read only this). */
   engineId?: string
+  engineIds?: string[]
+  sharedRanks?: true
   draining?: boolean
   removed?: true
   at: number
@@ -305,7 +311,8 @@ export class SharedTopology implements StreamPresence {
   #instanceRow(id: string): InstanceRecord | undefined {
     const d = this.#o.registry.describe(id)
     if (!d) return undefined
-    return { id, role: d.role, url: d.url, labels: d.labels ?? {}, source: d.source, ...(d.engineId ? { engineId: d.engineId } : {}), draining: d.draining, at: this.#o.clock.now() }
+    const engines = d.engineId ? { engineId: d.engineId, engineIds: d.engineIds, ...(d.sharedRanks ? { sharedRanks: true as const } : {}) } : {}
+    return { id, role: d.role, url: d.url, labels: d.labels ?? {}, source: d.source, ...engines, draining: d.draining, at: this.#o.clock.now() }
   }
 
   #agentRow(agentId: string): AgentRow {
@@ -413,7 +420,10 @@ export class SharedTopology implements StreamPresence {
       // The router draining it counts this one's requests there too.
       this.#publishInflight(r.id)
     }
-    if (r.engineId) registry.observeEngineId(r.id, r.engineId)
+    // Another router's set joins this one's: what it replaced is replaced here too (a repeat
+    // peer_gone is a no-op); a URL it found shared first, so that nothing is replaced by it.
+    if (r.sharedRanks) registry.markSharedRanks(r.id)
+    for (const engineId of r.engineIds ?? (r.engineId ? [r.engineId] : [])) registry.observeEngineId(r.id, engineId)
   }
 
   #applyHealth(id: string, h: HealthRecord): void {

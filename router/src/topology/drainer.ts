@@ -219,12 +219,11 @@ export class Drainer {
 
   async #retire(id: string, reason: string, peerGone = true): Promise<RemoveResult> {
     const view = this.#o.registry.snapshot().instances.find((i) => i.id === id)
-    // Its engine's own engine_id, learned from its answers: never an agent's claim (an agent
-    // registration is not the engine's word, issue 18 item 2), and never by URL alone (with IP
-    // reuse another pod's engine may serve that URL now). A prefiller that never answered has
-    // no engine_id, and then no decoder holds any state of it either.
-    const engineIds = new Set<string>()
-    if (view?.engineId) engineIds.add(view.engineId)
+    // Its engines' own engine_ids (every rank behind its URL), learned from their answers:
+    // never an agent's claim (an agent registration is not the engine's word, issue 18 item 2),
+    // and never by URL alone (with IP reuse another pod's engine may serve that URL now). A
+    // prefiller that never answered has no engine_id, and then no decoder holds any state of it.
+    const engineIds = new Set(view?.engineIds)
     if (!peerGone) {
       this.#o.logger.info({ instance: id, engineIds: [...engineIds] }, 'out of routing: removed without peer_gone (its engine may come back)')
       this.#o.registry.remove(id)

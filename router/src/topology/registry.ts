@@ -2,6 +2,7 @@ import type { Clock } from '../../../common/clock.js'
 import type { Random } from '../../../common/random.js'
 import type { InstanceConfig, InstanceRole } from '../../../schemas/router-config.js'
 import { CandidateIndex, type Candidate, type Pick } from './candidates.js'
+import { EngineIds, type EngineIdLimits } from './engine-ids.js'
 import { selectDecoder, selectRoute, type PairingPolicy, type PickLimits, type Selection } from './selection.js'
 
 /**
@@ -25,8 +26,10 @@ export type TopologyChange =
   | { type: 'released'; instanceId: string }
   /** Admission's limit for the instance changed (admission/adaptive-limits.ts); up: it grew. */
   | { type: 'limit'; instanceId: string; limit: number; up: boolean }
+  /** A new engine_id under the same rank: the previous one is gone (engine-ids.ts). */
   | { type: 'engine_id_changed'; instanceId: string; address: string; previous: string; current: string }
-  | { type: 'engine_id_learned'; instanceId: string; engineId: string }
+  /** Another engine_id at the URL, beside the others; `sharedRanks`: this one proved that the URL fronts several engines per rank (it had been replaced, and answered again). */
+  | { type: 'engine_id_learned'; instanceId: string; engineId: string; sharedRanks?: true }
   | { type: 'draining'; instanceId: string }
   | { type: 'drained'; instanceId: string }
   | { type: 'added'; instanceId: string; role: InstanceRole }
@@ -56,7 +59,15 @@ export interface InstanceView {
   readonly source: InstanceSource
   readonly url: string
   readonly labels: Readonly<Record<string, string>>
+  /**
+   * The live engine_ids its URL answers with (engine-ids.ts: data-parallel ranks, several
+   * pods behind one Service), least recently seen first when the set last changed.
+   */
+  readonly engineIds: readonly string[]
+  /** The engine_id added to the set last; undefined before the first prefill answer. */
   readonly engineId: string | undefined
+  /** Whether the URL proved to front several engines of one rank: no engine_id replaces another there. */
+  readonly sharedRanks: boolean
   /** Eligible for new work: probed up (or not yet probed), not ejected, not draining. */
   readonly healthy: boolean
   readonly draining: boolean
@@ -80,7 +91,9 @@ interface InstanceState {
   url: string
   // Frozen once and shared by every snapshot; replaced, never mutated.
   labels: Readonly<Record<string, string>>
-  engineId: string | undefined
+  engines: EngineIds
+  /** engines.ids(), frozen once per change of the set (views share it). */
+  engineIds: readonly string[]
   probedUp: boolean | undefined
   probeFailures: number
   /** Failed probes in a row that were refused connections (no process listening). */
@@ -111,6 +124,13 @@ function eligible(s: InstanceState, now: number): boolean {
  * here. Selection (`select`, `selectDecoder`) draws from candidate lists kept up to date with
  * every change (candidates.ts), and falls back to `selectRoute`, a pure function, over
  * `snapshot()`, a frozen copy, where those lists cannot answer exactly.
+ *
+ * Engine_ids: an instance holds the set its URL answers with (engine-ids.ts). A new
+ * engine_id replaces another only under the same data-parallel rank (`<id>_dp<rank>`; no
+ * suffix is rank 0): `engine_id_changed`, and the replaced one is gone. Other engine_ids
+ * join the set. A replaced engine_id answering again proves the URL fronts several engines
+ * per rank (pods behind one Service): from then on nothing there is replaced, and the set is
+ * bounded by a cap and a TTL instead, without declaring anything gone.
  */
 export class TopologyRegistry {
   readonly #clock: Clock
@@ -125,16 +145,31 @@ export class TopologyRegistry {
   /** How many instances list each model (every instance, eligible or not). */
   readonly #models = new Map<string, number>()
   readonly #initialLimit: number
+  readonly #engineIdLimits: EngineIdLimits
   #scans = 0
   #snapshot: TopologySnapshot | undefined
 
-  /** `limit`: requests in flight an instance starts with (admission may move it: setLimit). */
-  constructor(opts: { clock: Clock; policy: HealthPolicy; instances: readonly InstanceConfig[]; pairing?: PairingPolicy; limit?: number }) {
+  /**
+   * `limit`: requests in flight an instance starts with (admission may move it: setLimit).
+   * `maxEngineIds` (default 64) and `engineIdTtlMs` (default 30 min): the bounds of an
+   * instance's engine_id set (engine-ids.ts).
+   */
+  constructor(opts: {
+    clock: Clock
+    policy: HealthPolicy
+    instances: readonly InstanceConfig[]
+    pairing?: PairingPolicy
+    limit?: number
+    maxEngineIds?: number
+    engineIdTtlMs?: number
+  }) {
     if (opts.policy.unhealthyThreshold < 1) throw new RangeError('unhealthyThreshold must be >= 1')
     if (opts.limit !== undefined && !(opts.limit >= 1)) throw new RangeError('limit must be >= 1')
     this.#clock = opts.clock
     this.#policy = opts.policy
     this.#initialLimit = opts.limit ?? Number.POSITIVE_INFINITY
+    this.#engineIdLimits = { max: opts.maxEngineIds ?? 64, ttlMs: opts.engineIdTtlMs ?? 30 * 60_000 }
+    if (!(this.#engineIdLimits.max >= 1)) throw new RangeError('maxEngineIds must be >= 1')
     this.#pairing = opts.pairing ?? { mode: 'all', label: 'transfer_group' }
     this.#index = new CandidateIndex(this.#pairing)
     for (const cfg of opts.instances) this.#add(cfg, 'config')
@@ -252,7 +287,8 @@ export class TopologyRegistry {
       source,
       url: new URL(cfg.url).origin,
       labels: Object.freeze({ ...(cfg.labels ?? {}) }),
-      engineId: undefined,
+      engines: new EngineIds(this.#engineIdLimits),
+      engineIds: Object.freeze([]),
       probedUp: undefined,
       probeFailures: 0,
       probeRefusals: 0,
@@ -440,11 +476,18 @@ export class TopologyRegistry {
     return s && { up: s.probedUp, models: s.models && [...s.models] }
   }
 
-  /** What another router may need to rebuild this instance: its config, origin and shared state. */
-  describe(id: string): (InstanceConfig & { source: InstanceSource; engineId: string | undefined; draining: boolean }) | undefined {
+  /**
+   * What another router may need to rebuild this instance: its config, origin and shared
+   * state. `engineIds` least recently seen first: observed in that order (after
+   * markSharedRanks when `sharedRanks`), they rebuild the set elsewhere.
+   */
+  describe(
+    id: string,
+  ): (InstanceConfig & { source: InstanceSource; engineId: string | undefined; engineIds: string[]; sharedRanks: boolean; draining: boolean }) | undefined {
     const s = this.#instances.get(id)
     if (!s) return undefined
-    return { id: s.id, role: s.role, url: s.url, labels: { ...s.labels }, source: s.source, engineId: s.engineId, draining: s.draining }
+    const { engines } = s
+    return { id: s.id, role: s.role, url: s.url, labels: { ...s.labels }, source: s.source, engineId: engines.newest, engineIds: engines.ids(), sharedRanks: engines.sharedRanks, draining: s.draining }
   }
 
   /** Stop admitting new work to the instance; `drained` follows once nothing is in flight. */
@@ -468,22 +511,32 @@ export class TopologyRegistry {
   }
 
   /**
-   * Records the engine_id an instance answered with. Returns the change when the address
-   * previously had another engine_id: the old incarnation is gone (a peer_gone seam).
+   * Records an engine_id the instance answered with (a prefill answer's `remote_engine_id`),
+   * into its set (engine-ids.ts). Returns the change when it replaced the engine_id of its
+   * rank: that incarnation is gone (a peer_gone seam). Another engine_id of another rank, or
+   * at a URL fronting several engines per rank, only joins the set.
    */
   observeEngineId(id: string, engineId: string): EngineIdChange | undefined {
     const s = this.#instances.get(id)
-    if (!s || s.engineId === engineId) return undefined
-    const previous = s.engineId
-    s.engineId = engineId
+    if (!s) return undefined
+    const seen = s.engines.observe(engineId, this.#clock.monotonic())
+    // An engine_id seen before (the request path's case) changes nothing a view shows.
+    if (seen.kind === 'known' && s.engineIds.length === s.engines.size) return undefined
+    s.engineIds = Object.freeze(s.engines.ids())
     this.#snapshot = undefined
-    if (previous === undefined) {
-      this.#emit({ type: 'engine_id_learned', instanceId: id, engineId })
+    if (seen.kind !== 'replaced') {
+      if (seen.kind === 'learned') this.#emit({ type: 'engine_id_learned', instanceId: id, engineId, ...(seen.sharedRanks ? { sharedRanks: true as const } : {}) })
       return undefined
     }
-    const change: EngineIdChange = { instanceId: id, address: new URL(s.url).host, previous, current: engineId }
+    const change: EngineIdChange = { instanceId: id, address: new URL(s.url).host, previous: seen.previous, current: engineId }
     this.#emit({ type: 'engine_id_changed', ...change })
     return change
+  }
+
+  /** Another router found the URL to front several engines per rank (shared topology): nothing is replaced here either. */
+  markSharedRanks(id: string): void {
+    const s = this.#instances.get(id)
+    if (s?.engines.markSharedRanks()) this.#snapshot = undefined
   }
 
   snapshot(): TopologySnapshot {
@@ -510,7 +563,9 @@ export class TopologyRegistry {
       source: s.source,
       url: s.url,
       labels: s.labels,
-      engineId: s.engineId,
+      engineIds: s.engineIds,
+      engineId: s.engines.newest,
+      sharedRanks: s.engines.sharedRanks,
       healthy: eligible(s, now),
       draining: s.draining,
       inflight: s.inflight,

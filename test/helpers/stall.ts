@@ -2,8 +2,9 @@ import type { Test } from 'tap'
 import { complete, completionBody, metric, sleep, tally, type Engine, type Outcome } from './pd-agents.js'
 
 /*
- * The stale-read scenarios' run (test/scenarios/stale-read*.test.ts): traffic through the
- * router while the decoders' agents are stopped (SIGSTOP) for longer or shorter than a lease.
+ * Timed traffic for the scenarios (test/scenarios/): requests through the router while steps
+ * stop and continue processes; the stale-read scenarios' run (stallRun) stops the decoders'
+ * agents (SIGSTOP) for longer or shorter than a lease.
  */
 
 /** P's lease in these scenarios: a 10 s stop outlives it, a 2 s stop does not. */
@@ -15,29 +16,17 @@ export interface Run {
   outcomes: Outcome[]
 }
 
-/** Traffic every `everyMs` for the whole run; the decoders' agents stopped from 1 s for `stopMs`. */
+/** Traffic every 150 ms for the whole run; the decoders' agents stopped from 1 s for `stopMs` (timedRun). */
 export async function stallRun(url: string, decoders: Engine[], stopMs: number, tag: string): Promise<Run> {
-  const everyMs = 150
-  const totalMs = 1000 + stopMs + 1500
-  const pending: Promise<Outcome>[] = []
-  const started = performance.now()
-  let stopped = false
-  let continued = false
-  for (let i = 0; performance.now() - started < totalMs; i++) {
-    pending.push(complete(url, completionBody(i, tag), i, 90_000))
-    const now = performance.now() - started
-    if (!stopped && now >= 1000) {
-      for (const d of decoders) d.agent.child.kill('SIGSTOP')
-      stopped = true
-    }
-    if (stopped && !continued && now >= 1000 + stopMs) {
-      for (const d of decoders) d.agent.child.kill('SIGCONT')
-      continued = true
-    }
-    await sleep(everyMs)
+  const signal = (sig: NodeJS.Signals) => (): void => {
+    for (const d of decoders) d.agent.child.kill(sig)
   }
-  if (!continued) for (const d of decoders) d.agent.child.kill('SIGCONT')
-  return { stopMs, decoders, outcomes: await Promise.all(pending) }
+  const outcomes = await timedRun(
+    url,
+    { totalMs: 1000 + stopMs + 1500, everyMs: 150, burst: 1, steps: [[1000, signal('SIGSTOP')], [1000 + stopMs, signal('SIGCONT')]], finally: signal('SIGCONT') },
+    tag,
+  )
+  return { stopMs, decoders, outcomes }
 }
 
 export function report(t: Test, name: string, outcomes: readonly Outcome[]): ReturnType<typeof tally> {

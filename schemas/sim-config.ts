@@ -78,6 +78,10 @@ export const SimConfig = Type.Object(
         kvLoadFailureRate: Type.Number({ minimum: 0, maximum: 1, default: 0 }),
         // GET /health answers 503, like vLLM after EngineDeadError.
         unhealthy: Type.Boolean({ default: false }),
+        // GET /health answers this many ms late, as vLLM's does under load: its handler waits
+        // behind the API server's output loop on one asyncio loop (vllm-project/vllm#38157
+        // measured 30-40 s), while the requests in flight keep streaming.
+        healthDelayMs: Type.Integer({ minimum: 0, default: 0 }),
         // The model samples its EOS token (sim/src/stop.ts EOS_TOKEN_ID) as output token N
         // (1-based) unless the request sets ignore_eos; absent: never.
         eosAfterTokens: Type.Optional(Type.Integer({ minimum: 1 })),

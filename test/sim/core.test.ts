@@ -168,7 +168,7 @@ t.test('prompt limits', async (t) => {
 })
 
 t.test('faults', async (t) => {
-  const f = new FaultState({ errorRate: 0, stallRate: 0, stallMs: 10, garbageRate: 0, disconnectRate: 0, kvLoadFailureRate: 0, unhealthy: false })
+  const f = new FaultState({ errorRate: 0, stallRate: 0, stallMs: 10, garbageRate: 0, disconnectRate: 0, kvLoadFailureRate: 0, unhealthy: false, healthDelayMs: 0 })
   const rnd = seededRandom(1)
   t.equal(f.decide(rnd), 'none')
   f.update({ errorRate: 1 })

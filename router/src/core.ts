@@ -174,6 +174,12 @@ export async function openCore(config: RouterConfig, opts: CoreOptions): Promise
   registry.subscribe((change) => {
     // Per request, and per engine sample while busy: too frequent to log (the limits log theirs at debug).
     if (change.type === 'released' || change.type === 'limit') return
+    if (change.type === 'busy') {
+      // Under overload, one per failed connect: counted, logged at debug.
+      metrics.healthFailuresExcused.inc({ check: change.check })
+      topologyLog.debug({ ...change }, `instance ${change.instanceId}: ${change.check} failed while it answered others, not counted`)
+      return
+    }
     const role = 'role' in change ? change.role : (registry.snapshot().instances.find((i) => i.id === change.instanceId)?.role ?? 'unknown')
     if (change.type === 'removed') metrics.instanceUp.remove({ instance: change.instanceId, role })
     if (change.type === 'up' || change.type === 'down') metrics.instanceUp.set({ instance: change.instanceId, role }, change.type === 'up' ? 1 : 0)

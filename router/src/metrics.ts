@@ -148,6 +148,12 @@ export function createRouterMetrics() {
       labelNames: ['type'] as const,
       registers,
     }),
+    healthFailuresExcused: new Counter({
+      name: 'handoff_router_health_failures_excused_total',
+      help: 'Probes without an answer (check="probe") and requests that could not connect (check="connect") not counted against an instance, because it answered other requests meanwhile: busy, not gone',
+      labelNames: ['check'] as const,
+      registers,
+    }),
     instanceLimit: new Gauge({
       name: 'handoff_router_instance_limit',
       help: 'Requests this router lets an instance have in flight now (admission.limit)',

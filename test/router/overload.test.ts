@@ -1,6 +1,6 @@
 import { request } from 'undici'
 import t from 'tap'
-import { get, post, startRouter, startSim } from '../helpers/cluster.js'
+import { get, post, startRouter, startSim, waitFor } from '../helpers/cluster.js'
 
 // Issue 6 item 1, scaled to a 2-core CI box: a decoder busy with long streams must never be
 // marked down. The router gets few upstream connections so that, before the fix, health
@@ -121,4 +121,49 @@ t.test('a client that leaves while queued frees its place', async (t) => {
   const third = await post(`${url}/v1/chat/completions`, body)
   t.equal(third.status, 200)
   t.equal((await first).status, 200)
+})
+
+// Issue 37 item 5: overload marked a healthy decoder down. vLLM's /health waits behind its API
+// server's output loop under load (vllm-project/vllm#38157: 30-40 s), so a busy engine's
+// probes time out while its requests still stream. A probe that times out while the engine
+// answers requests must not count; one that times out while nothing is heard still does.
+t.test('a decoder whose /health answers late under load stays in routing while it answers, and goes down once it answers nothing', async (t) => {
+  const busy = await startSim(t, ['--role', 'decode', '--seed', '13', '--decode-delay-ms', '20'])
+  const { url, app } = await startRouter(t, [instances[0]!, { id: 'd0', role: 'decode' as const, url: busy.url }], {
+    admission: { queueLength: 100, queueTimeoutMs: 60_000, retryAfterSeconds: 1, limit: { mode: 'fixed' as const, min: 1, max: 4096, sampleIntervalMs: 500, engineQueue: 4, firstTokenTolerance: 2 } },
+    health: { intervalMs: 100, timeoutMs: 150, unhealthyThreshold: 3, baseEjectionMs: 5000, maxEjectionMs: 5000 },
+  })
+  const d0 = (): boolean | undefined => app.topology.snapshot().instances.find((i) => i.id === 'd0')?.healthy
+  const body = { model: 'handoff/sim-1', messages: [{ role: 'user', content: 'busy engine' }], max_tokens: 8 }
+  // Probed up first, as a decoder is before the load comes; then its /health falls behind.
+  t.ok(await waitFor(async () => instanceUpSeries((await get(`${url}/metrics`)).text)[0] === 1, 5000), 'the decoder was probed up')
+  await post(`${busy.url}/sim/faults`, { healthDelayMs: 400 })
+  let downSeen = false
+  const watch = setInterval(() => {
+    if (d0() === false) downSeen = true
+  }, 20)
+  t.teardown(() => clearInterval(watch))
+  // 16 clients in a closed loop for 3 s: an answer about every 10 ms, probes of 150 ms see some.
+  const statuses = new Map<number, number>()
+  const until = performance.now() + 3000
+  await Promise.all(
+    Array.from({ length: 16 }, async () => {
+      while (performance.now() < until) {
+        const res = await post(`${url}/v1/chat/completions`, body)
+        statuses.set(res.status, (statuses.get(res.status) ?? 0) + 1)
+      }
+    }),
+  )
+  clearInterval(watch)
+  const answered = [...statuses.values()].reduce((a, n) => a + n, 0)
+  t.comment(`statuses under load: ${JSON.stringify(Object.fromEntries(statuses))}`)
+  t.ok(answered >= 30, `${answered} requests ran`)
+  t.equal(statuses.get(200), answered, 'every request answered 200')
+  t.notOk(downSeen, 'the decoder was never out of routing')
+  const excused = /^handoff_router_health_failures_excused_total\{check="probe"\} (\d+)/m.exec((await get(`${url}/metrics`)).text)
+  t.ok(Number(excused?.[1] ?? 0) >= 3, `late probes were excused while it answered (${excused?.[1] ?? 0})`)
+  // No traffic: the same late /health is all the router hears, so it counts.
+  t.ok(await waitFor(() => d0() === false, 5000), 'with nothing else heard, late probes mark it down')
+  await post(`${busy.url}/sim/faults`, { healthDelayMs: 0 })
+  t.ok(await waitFor(() => d0() === true, 5000), 'an answering /health brings it back')
 })

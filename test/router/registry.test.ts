@@ -52,6 +52,43 @@ t.test('a success resets the failure streak', async (t) => {
   t.ok(reg.isUp('d'))
 })
 
+t.test('a failure while the instance answered others is excused: busy, not gone (issue 37 item 5)', async (t) => {
+  const { reg } = registry()
+  const busy: string[] = []
+  reg.subscribe((c) => {
+    if (c.type === 'busy') busy.push(c.check)
+  })
+  reg.recordProbe('d', true)
+  // Connect failures: each request's mark taken when it went out, answers heard meanwhile.
+  for (let i = 0; i < 5; i++) {
+    const mark = reg.answers('d')
+    reg.recordSuccess('d', 200)
+    reg.recordFailure('d', mark)
+  }
+  t.ok(reg.isUp('d'), 'five connect failures while it answered do not eject it')
+  // Probes without an answer, likewise.
+  for (let i = 0; i < 5; i++) {
+    const mark = reg.answers('d')
+    reg.recordSuccess('d', 200)
+    reg.recordProbe('d', false, undefined, false, mark)
+  }
+  t.ok(reg.isUp('d'), 'five late probes while it answered do not mark it down')
+  t.same(busy, [...Array(5).fill('connect'), ...Array(5).fill('probe')])
+  // Errors are not evidence: an engine that answers only 5xx gets no excuse.
+  for (let i = 0; i < 2; i++) {
+    const mark = reg.answers('d')
+    reg.recordSuccess('d', 503)
+    reg.recordProbe('d', false, undefined, false, mark)
+  }
+  t.notOk(reg.isUp('d'), 'late probes while it answered only 503s count')
+  reg.recordProbe('d', true)
+  // Nothing heard since the mark: counted as before.
+  const mark = reg.answers('d')
+  reg.recordFailure('d', mark)
+  reg.recordFailure('d', mark)
+  t.notOk(reg.isUp('d'), 'connect failures with nothing heard eject it')
+})
+
 t.test('probes mark instances down and up, and a passing probe ends an ejection', async (t) => {
   const { reg } = registry()
   reg.recordProbe('p', false)

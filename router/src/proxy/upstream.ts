@@ -108,7 +108,9 @@ export class Upstream {
       bodyTimeout: call.bodyTimeoutMs,
     })
     const sentAt = performance.now()
-    const flight = new InFlight(call, sentAt)
+    // A connect failure while the engine answers others is a busy engine, not a dead one (registry.ts, HealthPolicy).
+    const answersBefore = this.#registry.answers(call.target.id)
+    const flight = new InFlight(call, sentAt, this.#registry)
     let answer: UpstreamAnswer
     try {
       try {
@@ -121,10 +123,10 @@ export class Upstream {
       }
     } catch (err) {
       flight.close()
-      throw this.#failure(call, err)
+      throw this.#failure(call, err, answersBefore)
     }
     // It answered: whatever the status, the instance is reachable.
-    this.#registry.recordSuccess(call.target.id)
+    this.#registry.recordSuccess(call.target.id, answer.statusCode)
     return answer
   }
 
@@ -142,21 +144,22 @@ export class Upstream {
     return this.fail(call, { kind: 'status', status, detail: upstreamErrorDetail(body.toString('utf8')) })
   }
 
-  fail(call: UpstreamCall, failure: UpstreamFailure): LegFailure {
+  /** `answersBefore`: the registry's answer mark when the call went out (a failure before any answer). */
+  fail(call: UpstreamCall, failure: UpstreamFailure, answersBefore?: number): LegFailure {
     const error = mapUpstreamFailure(failure, call.leg, call.target.id)
     const failed = new LegFailure(error)
-    if (failed.retryable) this.#registry.recordFailure(call.target.id)
+    if (failed.retryable) this.#registry.recordFailure(call.target.id, answersBefore)
     this.#metrics.upstreamErrors.inc({ leg: call.leg, code: error.code })
     return failed
   }
 
-  #failure(call: UpstreamCall, err: unknown): Error {
+  #failure(call: UpstreamCall, err: unknown, answersBefore?: number): Error {
     if (call.signal.aborted) return reasonOf(call.signal)
     if (err instanceof DeadlinePassed) {
       if (call.deadlineError) return call.deadlineError()
       return this.fail(call, { kind: 'transport', cause: Object.assign(new Error(`no whole answer within ${call.deadlineMs} ms`), { code: 'ETIMEDOUT' }) })
     }
-    return this.fail(call, { kind: 'transport', cause: err })
+    return this.fail(call, { kind: 'transport', cause: err }, answersBefore)
   }
 
   #origin(url: string): { origin: string; prefix: string } {
@@ -180,16 +183,20 @@ export class Upstream {
 class InFlight implements Dispatcher.DispatchHandler {
   readonly #call: UpstreamCall
   readonly #sentAt: number
+  /** Hears that the answer ended: the engine is alive (a long stream's head may be minutes old). */
+  readonly #registry: Pick<TopologyRegistry, 'recordSuccess'>
   readonly #timer: NodeJS.Timeout | undefined
   #controller: Dispatcher.DispatchController | undefined
   #stopped: Error | undefined
   #body: AnswerBody | undefined
+  #status = 0
   #settle: { resolve(a: UpstreamAnswer): void; reject(err: unknown): void } | undefined
   #closed = false
 
-  constructor(call: UpstreamCall, sentAt: number) {
+  constructor(call: UpstreamCall, sentAt: number, registry: Pick<TopologyRegistry, 'recordSuccess'>) {
     this.#call = call
     this.#sentAt = sentAt
+    this.#registry = registry
     if (call.signal.aborted) this.#stopped = reasonOf(call.signal)
     else call.signal.addEventListener('abort', this.#onAbort)
     if (call.deadlineMs !== undefined) {
@@ -218,6 +225,7 @@ class InFlight implements Dispatcher.DispatchHandler {
 
   onResponseStart(controller: Dispatcher.DispatchController, statusCode: number, headers: IncomingHttpHeaders): void {
     if (statusCode < 200) return
+    this.#status = statusCode
     this.#body = new AnswerBody(() => controller.resume())
     this.#settle?.resolve({ statusCode, headers, body: this.#body, sentAt: this.#sentAt })
     this.#settle = undefined
@@ -230,6 +238,7 @@ class InFlight implements Dispatcher.DispatchHandler {
   onResponseEnd(): void {
     this.#body?.end()
     this.close()
+    this.#registry.recordSuccess(this.#call.target.id, this.#status)
   }
 
   onResponseError(_controller: Dispatcher.DispatchController, err: Error): void {

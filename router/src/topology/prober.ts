@@ -94,6 +94,9 @@ export class Prober {
     let up = false
     let refused = false
     let models: string[] | undefined
+    // A probe that gets no answer says nothing while the engine answers requests (registry.ts, HealthPolicy).
+    const answersBefore = registry.answers(id)
+    let unanswered: number | undefined
     try {
       const health = await get(`${base}/health`, timeoutMs)
       up = health.status === 200
@@ -106,8 +109,9 @@ export class Prober {
     } catch (err) {
       // Nothing listens there: unlike a timeout (a frozen or busy engine), the process is gone.
       refused = connectionRefused(err)
+      if (!refused) unanswered = answersBefore
       log.debug({ instance: id, err, refused }, 'health probe failed')
     }
-    registry.recordProbe(id, up, models, refused)
+    registry.recordProbe(id, up, models, refused, unanswered)
   }
 }

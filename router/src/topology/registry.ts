@@ -9,6 +9,12 @@ import { selectDecoder, selectRoute, type PairingPolicy, type PickLimits, type S
  * Health policy. `unhealthyThreshold` consecutive failed probes mark an instance down, and as
  * many consecutive connect failures of requests eject it for `baseEjectionMs`, doubling on
  * each re-ejection within `maxEjectionMs` of the last one, up to `maxEjectionMs`.
+ *
+ * A probe that timed out, or a request that could not connect, while the instance answered
+ * other requests is not counted: the engine is busy, not gone (vLLM's /health waits behind its
+ * output loop under load, seconds and more; a full accept queue drops new connections while
+ * the open ones stream). Only what a dead or hung engine does counts: no answer to anything,
+ * a refused connection, a /health that answers with an error.
  */
 export interface HealthPolicy {
   unhealthyThreshold: number
@@ -23,6 +29,8 @@ export type TopologyChange =
   /** unhealthyThreshold probes in a row were refused connections: the process is not there. */
   | { type: 'refusing'; instanceId: string }
   | { type: 'ejected'; instanceId: string; forMs: number }
+  /** A failed probe or connect not counted: the instance answered other requests meanwhile. */
+  | { type: 'busy'; instanceId: string; check: 'probe' | 'connect' }
   | { type: 'released'; instanceId: string }
   /** Admission's limit for the instance changed (admission/adaptive-limits.ts); up: it grew. */
   | { type: 'limit'; instanceId: string; limit: number; up: boolean }
@@ -99,6 +107,8 @@ interface InstanceState {
   /** Failed probes in a row that were refused connections (no process listening). */
   probeRefusals: number
   consecutiveFailures: number
+  /** Answers below 500 heard from it (heads and ends), a count: a failure is excused if it moved meanwhile. */
+  answers: number
   ejections: number
   ejectedUntil: number
   draining: boolean
@@ -293,6 +303,7 @@ export class TopologyRegistry {
       probeFailures: 0,
       probeRefusals: 0,
       consecutiveFailures: 0,
+      answers: 0,
       ejections: 0,
       ejectedUntil: 0,
       draining: false,
@@ -373,20 +384,39 @@ export class TopologyRegistry {
     if (s.draining && s.inflight === 0) this.#emit({ type: 'drained', instanceId: id })
   }
 
-  /** A request reached the instance and got an answer: the connect-failure streak ends. */
-  recordSuccess(id: string): void {
+  /**
+   * A request reached the instance and got an answer (or its answer ended): the connect-failure
+   * streak ends. An answer below 500 is also evidence that the engine serves (`answers`); an
+   * engine that answers only errors is not excused a failed probe.
+   */
+  recordSuccess(id: string, status = 200): void {
     const s = this.#instances.get(id)
-    if (s) s.consecutiveFailures = 0
+    if (!s) return
+    s.consecutiveFailures = 0
+    if (status < 500) s.answers++
+  }
+
+  /** A mark of the answers heard from the instance so far, for `recordFailure` and `recordProbe`. */
+  answers(id: string): number {
+    return this.#instances.get(id)?.answers ?? 0
+  }
+
+  #busy(s: InstanceState, answersBefore: number | undefined, check: 'probe' | 'connect'): boolean {
+    if (answersBefore === undefined || s.answers === answersBefore) return false
+    this.#emit({ type: 'busy', instanceId: s.id, check })
+    return true
   }
 
   /**
    * A request could not connect to the instance. Only that counts here: a slow answer, a long
    * generation or an engine's error answer says nothing about the engine's health. After
    * `unhealthyThreshold` in a row the instance is ejected (outlier detection with backoff).
+   * `answersBefore` (`answers(id)` when the request went out): if the instance answered others
+   * since, it is busy and this failure does not count (HealthPolicy).
    */
-  recordFailure(id: string): void {
+  recordFailure(id: string, answersBefore?: number): void {
     const s = this.#instances.get(id)
-    if (!s) return
+    if (!s || this.#busy(s, answersBefore, 'connect')) return
     const now = this.#clock.monotonic()
     s.consecutiveFailures++
     if (s.consecutiveFailures < this.#policy.unhealthyThreshold || now < s.ejectedUntil) return
@@ -407,11 +437,13 @@ export class TopologyRegistry {
    * ejection: the instance serves again. Down is only out of routing: a frozen or overloaded
    * engine times out and is still alive. `refused` says the connection was refused (nothing
    * listens there); that many in a row is `refusing`, the one probe verdict that says the
-   * process is gone (DESIGN "Topology": out of routing is not gone).
+   * process is gone (DESIGN "Topology": out of routing is not gone). `answersBefore`, for a
+   * probe that got no answer (a timeout, a reset): `answers(id)` when it went out; if the
+   * instance answered requests since, the probe is not counted (HealthPolicy).
    */
-  recordProbe(id: string, up: boolean, models?: readonly string[], refused = false): void {
+  recordProbe(id: string, up: boolean, models?: readonly string[], refused = false, answersBefore?: number): void {
     const s = this.#instances.get(id)
-    if (!s) return
+    if (!s || (!up && this.#busy(s, answersBefore, 'probe'))) return
     const wasEligible = eligible(s, this.#clock.monotonic())
     if (up) {
       s.probeFailures = 0

@@ -62,10 +62,18 @@ export interface CoreOptions {
 
 export async function openCore(config: RouterConfig, opts: CoreOptions): Promise<RouterCore> {
   const { clock, random, log } = opts
-  const registry = new TopologyRegistry({ clock, policy: config.health, instances: config.instances, pairing: config.pairing, limit: config.limits.maxInflightPerInstance })
-  const metrics = createRouterMetrics()
   // An agent that lost its stream reconnects within about three keep-alive intervals (they switch after three silent ones).
   const agents = new AgentDirectory({ clock, trustMs: 3 * config.events.keepAliveMs })
+  const registry = new TopologyRegistry({
+    clock,
+    policy: config.health,
+    instances: config.instances,
+    pairing: config.pairing,
+    limit: config.limits.maxInflightPerInstance,
+    // An engine whose agent streams events is alive: another engine_id at its URL is a neighbour.
+    engineLive: (engineId) => agents.streamOpenFor(engineId),
+  })
+  const metrics = createRouterMetrics()
   let agentStreams: AgentStreams = { endAll: (): void => {}, unsent: (): number => 0 }
   const store = await openRouterStore({
     config,

@@ -77,6 +77,33 @@ t.test('a replaced engine_id that answers again proves several engines share the
   t.match(changes.at(-1), { type: 'engine_id_learned', instanceId: 'p', engineId: 'C' })
 })
 
+t.test('an engine_id whose agent streams events is alive: another one at its URL does not replace it', async (t) => {
+  const clock = new ManualClock()
+  const agents = new AgentDirectory({ clock })
+  const reg = new TopologyRegistry({ clock, policy, instances: [{ id: 'p', role: 'prefill', url: 'http://127.0.0.1:1001' }], engineLive: (e) => agents.streamOpenFor(e) })
+  const changes: TopologyChange[] = []
+  reg.subscribe((c) => changes.push(c))
+  const register = (agentId: string, engineId: string, port: number) =>
+    agents.register({ agentId, engineId, role: 'prefill', agentUrl: `http://127.0.0.1:${port}`, engineUrl: 'http://127.0.0.1:1001' }, 'p')
+  register('a', 'A', 2001)
+  register('b', 'B', 2002)
+  agents.streamOpened('a')
+  agents.streamOpened('b')
+  // Two pods behind one Service, both agents connected: the first alternation is no restart.
+  for (let i = 0; i < 10; i++) reg.observeEngineId('p', i % 2 ? 'B' : 'A')
+  t.same(changes.filter((c) => c.type === 'engine_id_changed'), [], 'nothing replaced')
+  const view = reg.snapshot().instances[0]!
+  t.same([...view.engineIds].sort(), ['A', 'B'])
+  t.ok(view.sharedRanks, 'the URL fronts several engines per rank')
+  // Without an open stream (a stock engine, or an agent gone) a new engine_id still replaces.
+  const fresh = new TopologyRegistry({ clock, policy, instances: [{ id: 'q', role: 'prefill', url: 'http://127.0.0.1:1003' }], engineLive: (e) => agents.streamOpenFor(e) })
+  register('c', 'C', 2003)
+  fresh.observeEngineId('q', 'C')
+  t.match(fresh.observeEngineId('q', 'D'), { previous: 'C', current: 'D' }, 'C has no open stream: its restart is D')
+  agents.streamClosed('a')
+  t.notOk(agents.streamOpenFor('A'), 'a closed stream is not alive, whatever the trust window')
+})
+
 t.test('the set is bounded without declaring anything gone: a cap, and a TTL where nothing replaces', async (t) => {
   const { clock, reg, ids, replaced } = registry({ maxEngineIds: 4, engineIdTtlMs: 60_000 })
   for (let r = 0; r < 6; r++) reg.observeEngineId('p', `X_dp${r}`)

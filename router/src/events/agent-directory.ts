@@ -175,6 +175,15 @@ export class AgentDirectory {
     }
   }
 
+  /**
+   * Whether an agent of `engineId` holds an event stream open on this router now: the engine
+   * is alive (engine-ids.ts). Not the trust window: a dead agent's record stays fresh a while.
+   */
+  streamOpenFor(engineId: string): boolean {
+    for (const a of this.#agents.values()) if (a.engineId === engineId && a.streams > 0) return true
+    return false
+  }
+
   byInstance(instanceId: string): AgentRecord[] {
     return this.all().filter((a) => a.instanceId === instanceId)
   }

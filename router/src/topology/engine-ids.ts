@@ -11,10 +11,13 @@ import { BoundedSet } from '../events/bounded-set.js'
  *   data parallel on; one engine is rank 0).
  * - A new engine_id replaces the one of its rank (that one is gone: its process restarted
  *   under a new engine_id), unless the URL proved to front several engines of one rank.
- * - The proof: an engine_id that was replaced answers again here. It was alive all along (two
- *   pods without a rank suffix behind one Service look like one engine restarting at first),
- *   so from then on nothing at this URL is replaced: its engine_ids are gone only when known
- *   gone otherwise (a crash, ops, a drain or removal, an agent's word).
+ * - The proof: the one it would replace is known alive (its transfer agent holds an open event
+ *   stream; an engine that restarts has its agent register the new engine_id first, or a new
+ *   agent replace the old one), or an engine_id that was replaced answers again here. Either
+ *   way it was alive all along (two pods without a rank suffix behind one Service look like one
+ *   engine restarting to a router that hears neither), so from then on nothing at this URL is
+ *   replaced: its engine_ids are gone only when known gone otherwise (a crash, ops, a drain or
+ *   removal, an agent's word).
  * - Bounded without declaring anything gone: at most `max` engine_ids (the least recently
  *   seen forgotten first), and where nothing replaces (a URL over several engines per rank)
  *   those not seen for `ttlMs` are forgotten too, never the last one that answered. Ranks are
@@ -79,8 +82,8 @@ export class EngineIds {
     return changed
   }
 
-  /** An answer named `engineId` at `now`. */
-  observe(engineId: string, now: number): Observed {
+  /** An answer named `engineId` at `now`; `live` says whether an engine_id is known alive now. */
+  observe(engineId: string, now: number, live: (engineId: string) => boolean = () => false): Observed {
     if (this.#shared) this.#expire(now)
     if (this.#seen.has(engineId)) {
       this.#touch(engineId, now)
@@ -90,6 +93,10 @@ export class EngineIds {
     let sharedRanks = false
     if (this.#replaced.delete(engineId)) sharedRanks = this.markSharedRanks()
     else if (!this.#shared) previous = this.ids().find((e) => rankOf(e) === rankOf(engineId))
+    if (previous !== undefined && live(previous)) {
+      sharedRanks = this.markSharedRanks()
+      previous = undefined
+    }
     if (previous !== undefined) {
       this.#seen.delete(previous)
       this.#replaced.add(previous)

@@ -156,13 +156,16 @@ export class TopologyRegistry {
   readonly #models = new Map<string, number>()
   readonly #initialLimit: number
   readonly #engineIdLimits: EngineIdLimits
+  readonly #engineLive: (engineId: string) => boolean
   #scans = 0
   #snapshot: TopologySnapshot | undefined
 
   /**
    * `limit`: requests in flight an instance starts with (admission may move it: setLimit).
    * `maxEngineIds` (default 64) and `engineIdTtlMs` (default 30 min): the bounds of an
-   * instance's engine_id set (engine-ids.ts).
+   * instance's engine_id set (engine-ids.ts). `engineLive`: whether an engine_id is known
+   * alive now (its transfer agent holds an open event stream); such an engine is never
+   * replaced by another engine_id answering at its URL.
    */
   constructor(opts: {
     clock: Clock
@@ -172,6 +175,7 @@ export class TopologyRegistry {
     limit?: number
     maxEngineIds?: number
     engineIdTtlMs?: number
+    engineLive?: (engineId: string) => boolean
   }) {
     if (opts.policy.unhealthyThreshold < 1) throw new RangeError('unhealthyThreshold must be >= 1')
     if (opts.limit !== undefined && !(opts.limit >= 1)) throw new RangeError('limit must be >= 1')
@@ -179,6 +183,7 @@ export class TopologyRegistry {
     this.#policy = opts.policy
     this.#initialLimit = opts.limit ?? Number.POSITIVE_INFINITY
     this.#engineIdLimits = { max: opts.maxEngineIds ?? 64, ttlMs: opts.engineIdTtlMs ?? 30 * 60_000 }
+    this.#engineLive = opts.engineLive ?? (() => false)
     if (!(this.#engineIdLimits.max >= 1)) throw new RangeError('maxEngineIds must be >= 1')
     this.#pairing = opts.pairing ?? { mode: 'all', label: 'transfer_group' }
     this.#index = new CandidateIndex(this.#pairing)
@@ -551,7 +556,7 @@ export class TopologyRegistry {
   observeEngineId(id: string, engineId: string): EngineIdChange | undefined {
     const s = this.#instances.get(id)
     if (!s) return undefined
-    const seen = s.engines.observe(engineId, this.#clock.monotonic())
+    const seen = s.engines.observe(engineId, this.#clock.monotonic(), this.#engineLive)
     // An engine_id seen before (the request path's case) changes nothing a view shows.
     if (seen.kind === 'known' && s.engineIds.length === s.engines.size) return undefined
     s.engineIds = Object.freeze(s.engines.ids())

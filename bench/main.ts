@@ -10,6 +10,8 @@ const benches: Record<string, () => Promise<(argv: string[]) => Promise<void>>> 
   connector: async () => (await import('./connector.js')).runConnectorBench,
   // Several routers on one Redis against one in memory (issue 10).
   routers: async () => (await import('./routers.js')).runRoutersBench,
+  // Overload must never mark a healthy decoder down: the issue's run, repeated (issue 37 item 5).
+  overload: async () => (await import('./overload-runs.js')).runOverloadRunsBench,
   // This build's router against another build's, serving at once (issue 23 item 2).
   paired: async () => (await import('./paired.js')).runPairedBench,
   // Internal: the baseline proxy that `overhead` starts as a child process.

@@ -11,14 +11,15 @@ export interface BenchCluster {
   stop(): Promise<void>
 }
 
-export async function startBenchCluster(opts: { decodeDelayMs?: number } = {}): Promise<BenchCluster> {
+/** `decodeArgs`: more flags for the decoder; `routerEnv`: more environment for its routers. */
+export async function startBenchCluster(opts: { decodeDelayMs?: number; decodeArgs?: string[]; routerEnv?: NodeJS.ProcessEnv } = {}): Promise<BenchCluster> {
   const services: SpawnedService[] = []
   const own = (s: SpawnedService): SpawnedService => {
     services.push(s)
     return s
   }
   const sim = (role: string, extra: string[] = []) => spawnService({ args: ['sim', '--role', role, '--kv', 'none', '--log-level', 'warn', ...extra] }).then(own)
-  const [p, d] = await Promise.all([sim('prefill'), sim('decode', opts.decodeDelayMs ? ['--decode-delay-ms', String(opts.decodeDelayMs)] : [])])
+  const [p, d] = await Promise.all([sim('prefill'), sim('decode', [...(opts.decodeDelayMs ? ['--decode-delay-ms', String(opts.decodeDelayMs)] : []), ...(opts.decodeArgs ?? [])])])
   const instances = JSON.stringify([
     { id: 'p0', role: 'prefill', url: p.url },
     { id: 'd0', role: 'decode', url: d.url },
@@ -28,7 +29,7 @@ export async function startBenchCluster(opts: { decodeDelayMs?: number } = {}): 
     d,
     own,
     router: (entry) =>
-      spawnService({ ...(entry ? { entry } : {}), args: ['router', '--port', '0', '--log-level', 'warn'], env: { ...process.env, HANDOFF_INSTANCES: instances } }).then(own),
+      spawnService({ ...(entry ? { entry } : {}), args: ['router', '--port', '0', '--log-level', 'warn'], env: { ...process.env, ...opts.routerEnv, HANDOFF_INSTANCES: instances } }).then(own),
     stop: async () => {
       await Promise.all(services.map((s) => s.stop()))
     },

@@ -6,6 +6,7 @@ import { startBenchCluster } from './cluster.js'
 import { decodeBody, prefillBody } from '../router/src/proxy/legs.js'
 import { closedLoop, emptyLoad, mean, mergeLoads, percentile, positiveList, type LoadResult } from './load.js'
 import { runOverload } from './overload.js'
+import { runMixedWorkload } from './overhead-mixed.js'
 import { cpuSeconds, rssMiB } from './proc-stats.js'
 import { startVllmRouter, vllmRouterBin, type ExternalRouter } from './vllm-router.js'
 
@@ -16,6 +17,9 @@ const HELP = `usage: handoff bench overhead [--quick] [--sizes 200,2048,16384,20
                                [--overload-seconds 25] [--overload-tokens 100] [--overload-ramp S]
                                [--baseline PATH/dist/cli/main.js]
                                [--vllm-router PATH | --no-vllm-router]
+       handoff bench overhead --mixed [--concurrency 64] [--seconds 20] [--long-share 0,0.1,0.5,1]
+                               [--lease 30,10] [--short-tokens 16] [--long-tokens 512]
+                               [--decode-delay-ms 10] [--max-num-seqs 32] [--baseline PATH]
 
 Router overhead: the same simulators (--kv none, zero delays) driven three ways, alternating
 in one run: a direct two-leg client, a bare fastify+undici two-leg proxy (the floor of the
@@ -34,6 +38,12 @@ a direct client beside the router: non-2xx counts, the decoder's state as the ro
 goodput and p99. Clients start over --overload-ramp seconds (default: one request's decode
 time, so streams do not run in lockstep waves; 0: all at once); goodput counts the 200s that
 finished after the ramp.
+
+--mixed, instead (issue 37 item 4): a mixed workload, short and long max_tokens drawn at each
+--long-share, with queueing at the decoder (--max-num-seqs below --concurrency), under each
+--lease (leaseSeconds): how many checked reads were proven by D's whole answer
+(leases.proveByWholeAnswer), how many missed the window and were prefilled again, req/s and
+p99 per kind. A fresh cluster per cell; --baseline runs another build's router beside it.
 `
 
 const WORDS = ['alpha', 'bravo', 'charlie', 'delta', 'echo', 'foxtrot', 'golf', 'hotel', 'india', 'juliet']
@@ -90,12 +100,39 @@ export async function runOverheadBench(argv: string[]): Promise<void> {
       baseline: { type: 'string' },
       'vllm-router': { type: 'string' },
       'no-vllm-router': { type: 'boolean' },
+      mixed: { type: 'boolean' },
+      'long-share': { type: 'string' },
+      lease: { type: 'string' },
+      'short-tokens': { type: 'string' },
+      'long-tokens': { type: 'string' },
+      'decode-delay-ms': { type: 'string' },
+      'max-num-seqs': { type: 'string' },
       help: { type: 'boolean', short: 'h' },
     },
   })
   if (values.help) {
     process.stdout.write(HELP)
     return
+  }
+  if (values.mixed) {
+    const shares = (values['long-share'] ?? '0,0.1,0.5,1').split(',').map(Number)
+    if (shares.some((x) => !(x >= 0 && x <= 1))) throw new Error(`bad --long-share '${values['long-share']}' (shares between 0 and 1)`)
+    const one = (v: string | undefined, fallback: number, name: string): number => {
+      const n = Number(v ?? fallback)
+      if (!(n > 0)) throw new Error(`bad --${name} '${v}'`)
+      return n
+    }
+    return runMixedWorkload({
+      concurrency: one(values.concurrency, 64, 'concurrency'),
+      seconds: one(values.seconds, 20, 'seconds'),
+      shortTokens: one(values['short-tokens'], 16, 'short-tokens'),
+      longTokens: one(values['long-tokens'], 512, 'long-tokens'),
+      longShares: shares,
+      leaseSeconds: positiveList(values.lease, [30, 10]),
+      decodeDelayMs: one(values['decode-delay-ms'], 10, 'decode-delay-ms'),
+      maxNumSeqs: one(values['max-num-seqs'], 32, 'max-num-seqs'),
+      baseline: values.baseline,
+    })
   }
   const quick = values.quick === true
   const sizes = positiveList(values.sizes, quick ? [200, 2048] : [200, 2048, 16384, 204800])

@@ -75,4 +75,8 @@ export async function noWrongText(t: Test, name: string, outcomes: Outcome[], ro
     metric(routerUrl, 'handoff_router_leases_lapsed_total', { when: 'before_dispatch' }),
   ])
   t.ok(caught.reduce((a, b) => a + b) > 0, `the router caught late reads (late, unproven, lapsed: ${caught.join(', ')})`)
+  // Every engine of these cases lives through them (stopped, paused or slow, never gone).
+  const gone = await metric(routerUrl, 'handoff_router_events_total', { type: 'peer_gone' })
+  t.comment(`healthy engines declared gone: ${gone}`)
+  t.equal(gone, 0, 'no live engine declared gone')
 }

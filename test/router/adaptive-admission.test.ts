@@ -67,7 +67,6 @@ t.test('an engine queueing past max_num_seqs pulls the limit down: the rest wait
     const router = (await get(`${url}/metrics`)).text
     return {
       limit: gauge(router, /^handoff_router_instance_limit\{instance="d0"\} (\d+)/m),
-      queued: gauge(router, /^handoff_router_admission_queue_depth (\d+)/m),
       engineWaiting: gauge((await get(`${d.url}/metrics`)).text, /^vllm:num_requests_waiting\{[^}]*\} (\d+)/m),
     }
   })
@@ -84,10 +83,10 @@ t.test('an engine queueing past max_num_seqs pulls the limit down: the rest wait
   )
   const low = Math.min(...samples.map((s) => s.limit))
   t.ok(low <= 6 && low >= 2, `then the limit came down from 32 to ${low}, near max_num_seqs 4 + engineQueue 1 (not to min)`)
-  t.ok(
-    samples.some((s) => s.queued > 0),
-    'and requests waited in the router instead',
-  )
+  // Counted, not sampled: a 25 ms sampler on 2 busy cores can miss every moment the queue was
+  // non-empty (it did in a full-suite run), while each admitted waiter is observed once.
+  const waited = gauge((await get(`${url}/metrics`)).text, /^handoff_router_admission_wait_seconds_count (\d+)/m)
+  t.ok(waited > 0, `and requests waited in the router instead (${waited} of them)`)
   t.notOk(downSeen, 'the decoder was never marked down')
   t.match((await get(`${url}/metrics`)).text, /^handoff_router_instance_limit_changes_total\{direction="down"\} [1-9]/m)
   t.same(

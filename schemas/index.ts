@@ -29,6 +29,7 @@ import {
   Usage,
 } from './openai.js'
 import { InstanceConfig, InstanceRole, RouterConfig } from './router-config.js'
+import { KvEventsConfig } from './kv-events.js'
 import { SimConfig } from './sim-config.js'
 
 /**
@@ -50,6 +51,7 @@ export const sharedSchemas: readonly TSchema[] = [
   InstanceConfig,
   RouterConfig,
   SimConfig,
+  KvEventsConfig,
   AgentConfig,
   AgentAttach,
   AgentAttached,

@@ -69,6 +69,8 @@ export const Usage = Type.Object(
     prompt_tokens: Type.Integer({ minimum: 0 }),
     completion_tokens: Type.Integer({ minimum: 0 }),
     total_tokens: Type.Integer({ minimum: 0 }),
+    // vLLM's --enable-prompt-tokens-details: prompt tokens found in the engine's prefix cache.
+    prompt_tokens_details: Type.Optional(Type.Union([Type.Object({ cached_tokens: Type.Integer({ minimum: 0 }) }, { additionalProperties: true }), Type.Null()])),
   },
   { $id: 'Usage', additionalProperties: true },
 )

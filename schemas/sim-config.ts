@@ -34,7 +34,18 @@ export const SimConfig = Type.Object(
     kvLoadFailurePolicy: Type.Union([Type.Literal('fail'), Type.Literal('recompute')], { default: 'fail' }),
     leaseSeconds: Type.Number({ exclusiveMinimum: 0, default: 30 }),
     blockSize: Type.Integer({ minimum: 1, maximum: 1024, default: 16 }),
-    numBlocks: Type.Integer({ minimum: 1, default: 16384 }),
+    // vLLM's --num-gpu-blocks-override: the KV pool's size in blocks of blockSize tokens.
+    numGpuBlocksOverride: Type.Integer({ minimum: 1, default: 16384 }),
+    // vLLM's --enable-prefix-caching (on by default in vLLM v1; `--no-enable-prefix-caching`):
+    // a freed full block keeps its hash until evicted, and a prompt that shares it skips that
+    // part of the prefill (sim/src/block-pool.ts).
+    enablePrefixCaching: Type.Boolean({ default: true }),
+    // vLLM's --enable-prompt-tokens-details: usage.prompt_tokens_details.cached_tokens.
+    enablePromptTokensDetails: Type.Boolean({ default: false }),
+    // vLLM's --kv-events-config: a JSON object (schemas/kv-events.ts). With
+    // enable_kv_cache_events the pool's BlockStored/BlockRemoved/AllBlocksCleared go out on a
+    // ZMQ PUB socket in vLLM 0.32's wire form (sim/src/kv-events.ts).
+    kvEventsConfig: Type.Optional(Type.String({ minLength: 2 })),
     // A multiple of 8 so each position's bytes are whole 32-bit words (sim/src/kv-bytes.ts).
     bytesPerToken: Type.Integer({ minimum: 8, maximum: 65536, multipleOf: 8, default: 32 }),
     maxModelLen: Type.Integer({ minimum: 1, default: 131072 }),

@@ -4,7 +4,7 @@ import { deferred } from '../../common/deferred.js'
 import { sleep } from '../../common/timers.js'
 import type { AgentAttach, AgentEvent } from '../../schemas/agent-api.js'
 import { isAgentCallError, type AgentClient } from './agent-client.js'
-import type { BlockAllocator } from './block-allocator.js'
+import type { BlockPool } from './block-pool.js'
 import { SIM_ERR_AGENT_NOT_READY } from './errors.js'
 import type { KvPull, KvTransport, RemoteKv } from './kv-source.js'
 import type { SimMetrics } from './metrics.js'
@@ -13,7 +13,7 @@ export interface AgentLinkOptions {
   client: AgentClient
   /** The attach body: this engine and its shared-memory KV region. */
   attach: AgentAttach
-  allocator: BlockAllocator
+  pool: BlockPool
   metrics: SimMetrics
   clock: Clock
   log: Logger
@@ -145,7 +145,7 @@ export class AgentLink implements KvTransport {
     } catch (err) {
       if (this.#held.get(requestId) === blocks) {
         this.#held.delete(requestId)
-        this.#o.allocator.free(blocks)
+        this.#o.pool.free(blocks)
       }
       // A lease the agent may have granted after all would pin these blocks there until it
       // expired (XFA_ERR_BLOCKS_LEASED for their next owner): end it.
@@ -221,7 +221,7 @@ export class AgentLink implements KvTransport {
       // The socket broke and the agent that had the call has since been replaced.
       (e !== undefined && e.agentStatus === undefined && this.#synced && startedOn !== undefined && this.#agentId !== startedOn)
     if (noRead) {
-      this.#o.allocator.free(blocks)
+      this.#o.pool.free(blocks)
       return
     }
     this.#tainted.set(requestId, { blocks })
@@ -336,7 +336,7 @@ export class AgentLink implements KvTransport {
   }
 
   #apply(e: AgentEvent): void {
-    const { allocator, metrics, log } = this.#o
+    const { pool, metrics, log } = this.#o
     if (e.type === 'lease_ended') {
       const blocks = this.#held.get(e.requestId)
       if (!blocks) {
@@ -344,7 +344,7 @@ export class AgentLink implements KvTransport {
         return
       }
       this.#held.delete(e.requestId)
-      allocator.free(blocks)
+      pool.free(blocks)
       if (e.reason === 'expired') {
         metrics.kvExpired.inc(metrics.labels)
         log.warn({ remoteRequestId: e.requestId }, 'Releasing expired KV blocks')
@@ -362,6 +362,6 @@ export class AgentLink implements KvTransport {
     const t = this.#tainted.get(requestId)
     if (!t) return
     this.#tainted.delete(requestId)
-    this.#o.allocator.free(t.blocks)
+    this.#o.pool.free(t.blocks)
   }
 }

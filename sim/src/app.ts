@@ -7,13 +7,15 @@ import { loggerOptions } from '../../common/logger.js'
 import { systemRandom, type Random } from '../../common/random.js'
 import { sharedSchemas } from '../../schemas/index.js'
 import type { SimConfig } from '../../schemas/sim-config.js'
-import { BlockAllocator } from './block-allocator.js'
+import { BlockPool, type BlockEvent } from './block-pool.js'
+import { kvEventsConfigOf } from './config.js'
 import type { SimContext } from './context.js'
 import { SimEngine } from './engine.js'
 import { AgentClient } from './agent-client.js'
 import { AgentLink } from './agent-link.js'
 import { SIM_ERR_INVALID_CONFIG, SIM_ERR_NOT_FOUND, SIM_ERR_SHUTTING_DOWN, SIM_ERR_UNAUTHORIZED } from './errors.js'
 import { FaultState } from './faults.js'
+import { KvEventPublisher } from './kv-events.js'
 import { KvRegion } from './kv-region.js'
 import type { KvTransport, KvTransportDeps, KvTransportFactory } from './kv-source.js'
 import { createSimMetrics } from './metrics.js'
@@ -59,7 +61,7 @@ function agentTransport(config: Readonly<SimConfig>, shmName: string | undefined
         // Port 0 is only known after listen; the agent does not need it.
         ...(config.port !== 0 ? { engineUrl: `http://${config.host}:${config.port}` } : {}),
       },
-      allocator: d.allocator,
+      pool: d.pool,
       metrics: d.metrics,
       clock: d.clock,
       log: d.log.child({ component: 'agent-link' }),
@@ -128,16 +130,25 @@ export function buildApp(deps: SimDeps): FastifyInstance {
   for (const s of sharedSchemas) app.addSchema(s)
 
   const region = deps.kvMemory
-    ? new KvRegion({ memory: deps.kvMemory, blockSize: config.blockSize, bytesPerToken: config.bytesPerToken, numBlocks: config.numBlocks })
-    : KvRegion.allocate({ blockSize: config.blockSize, bytesPerToken: config.bytesPerToken, numBlocks: config.numBlocks })
-  const allocator = new BlockAllocator(config.numBlocks)
-  const metrics = createSimMetrics({ registry, model: config.model, kvUsage: () => allocator.usedCount / allocator.numBlocks })
+    ? new KvRegion({ memory: deps.kvMemory, blockSize: config.blockSize, bytesPerToken: config.bytesPerToken, numBlocks: config.numGpuBlocksOverride })
+    : KvRegion.allocate({ blockSize: config.blockSize, bytesPerToken: config.bytesPerToken, numBlocks: config.numGpuBlocksOverride })
+  const eventsConfig = kvEventsConfigOf(config)
+  // Set once the publisher is open (onReady, below); the pool emits nothing before traffic.
+  const published: { to?: KvEventPublisher } = {}
+  const pool = new BlockPool({
+    numBlocks: config.numGpuBlocksOverride,
+    blockSize: config.blockSize,
+    enableCaching: config.enablePrefixCaching,
+    hashSeed: Math.floor(random.next() * 0x1_0000_0000),
+    ...(eventsConfig ? { onEvent: (e: BlockEvent) => published.to?.emit(e) } : {}),
+  })
+  const metrics = createSimMetrics({ registry, model: config.model, kvUsage: () => pool.usedCount / pool.numBlocks })
   const ranks = dataParallelRanks(config, config.engineId ?? `sim-${random.hex(8)}`)
   // With --kv agent there is one rank (config.ts): the agent serves that engine.
   const engineId = (ranks[0] as Rank).engineId
   const kv =
     config.kv === 'agent'
-      ? (deps.kvTransport ?? agentTransport(config, deps.shmName ?? config.shmName))({ engineId, region, allocator, metrics, clock, log: logger })
+      ? (deps.kvTransport ?? agentTransport(config, deps.shmName ?? config.shmName))({ engineId, region, pool, metrics, clock, log: logger })
       : undefined
   const engines = ranks.map((rank) => new SimEngine({
     role: config.role,
@@ -153,7 +164,7 @@ export function buildApp(deps: SimDeps): FastifyInstance {
     clock,
     random,
     region,
-    allocator,
+    pool,
     metrics,
     ...(kv ? { kv } : {}),
     kvLoadFailurePolicy: config.kvLoadFailurePolicy,
@@ -166,7 +177,8 @@ export function buildApp(deps: SimDeps): FastifyInstance {
     engines,
     nextRank: 0,
     region,
-    allocator,
+    pool,
+    kvEvents: undefined,
     kv,
     faults: new FaultState(config.faults),
     metrics,
@@ -235,6 +247,24 @@ export function buildApp(deps: SimDeps): FastifyInstance {
   app.addHook('onClose', async () => {
     await kv?.close()
   })
+  if (eventsConfig) {
+    app.addHook('onReady', async () => {
+      const publisher = await KvEventPublisher.open({
+        config: eventsConfig,
+        host: config.host,
+        dataParallelRank: config.dataParallelRank ?? 0,
+        blockSize: config.blockSize,
+        clock,
+        log: logger.child({ component: 'kv-events' }),
+      })
+      published.to = publisher
+      ctx.kvEvents = publisher
+      app.log.info({ endpoint: publisher.endpoint, replayEndpoint: publisher.replayEndpoint }, 'publishing KV events')
+    })
+    app.addHook('onClose', async () => {
+      await published.to?.close()
+    })
+  }
   app.log.info({ engineIds: ranks.map((r) => r.engineId), role: config.role, kv: config.kv, model: config.model }, 'simulator built')
   return app
 }

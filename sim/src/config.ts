@@ -1,6 +1,7 @@
 import type { TObject } from 'typebox'
 import { flagsOf, flagUsage, kebab, parseFlags, type Flag } from '../../common/schema-flags.js'
 import { createAjv, describeErrors } from '../../schemas/ajv.js'
+import type { KvEventsConfig } from '../../schemas/kv-events.js'
 import { SimConfig } from '../../schemas/sim-config.js'
 import { SIM_ERR_INVALID_CONFIG } from './errors.js'
 
@@ -78,9 +79,30 @@ export function validateSimConfig(raw: Record<string, unknown>): Readonly<SimCon
   if (config.dataParallelRank !== undefined && config.dataParallelRank >= config.dataParallelSize) {
     throw new SIM_ERR_INVALID_CONFIG(`/dataParallelRank must be below --data-parallel-size (${config.dataParallelSize})`)
   }
+  if (config.kvEventsConfig !== undefined) kvEventsConfigOf(config)
   // One transfer agent serves one engine; vLLM runs one NIXL agent per rank.
   if (config.kv === 'agent' && config.dataParallelSize > 1 && config.dataParallelRank === undefined) {
     throw new SIM_ERR_INVALID_CONFIG('/dataParallelSize above 1 serves every rank behind one port: --kv none only (with --kv agent, one process per rank: --data-parallel-rank)')
   }
   return deepFreeze(config)
+}
+
+/**
+ * `--kv-events-config` parsed and checked against vLLM's KVEventsConfig, defaults filled;
+ * undefined when it is absent or does not enable events (vLLM's null publisher).
+ */
+export function kvEventsConfigOf(config: Readonly<SimConfig>): KvEventsConfig | undefined {
+  if (config.kvEventsConfig === undefined) return undefined
+  let raw: unknown
+  try {
+    raw = JSON.parse(config.kvEventsConfig)
+  } catch (err) {
+    throw new SIM_ERR_INVALID_CONFIG(`--kv-events-config is not JSON: ${(err as Error).message}`)
+  }
+  const validate = createAjv().getSchema<KvEventsConfig>('KvEventsConfig')
+  if (!validate) throw new SIM_ERR_INVALID_CONFIG('KvEventsConfig schema not registered')
+  if (!validate(raw)) throw new SIM_ERR_INVALID_CONFIG(`--kv-events-config: ${describeErrors(validate.errors)}`)
+  const checked = raw as KvEventsConfig
+  const publisher = checked.publisher ?? (checked.enable_kv_cache_events ? 'zmq' : 'null')
+  return checked.enable_kv_cache_events && publisher === 'zmq' ? { ...checked, publisher } : undefined
 }

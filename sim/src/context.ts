@@ -1,9 +1,10 @@
 import type { Clock } from '../../common/clock.js'
 import type { Random } from '../../common/random.js'
 import type { SimConfig } from '../../schemas/sim-config.js'
-import type { BlockAllocator } from './block-allocator.js'
+import type { BlockPool } from './block-pool.js'
 import type { SimEngine } from './engine.js'
 import type { FaultState } from './faults.js'
+import type { KvEventPublisher } from './kv-events.js'
 import type { KvRegion } from './kv-region.js'
 import type { KvTransport } from './kv-source.js'
 import type { SimMetrics } from './metrics.js'
@@ -23,7 +24,9 @@ export interface SimContext {
   /** The rank a request without X-data-parallel-rank goes to next (round robin). */
   nextRank: number
   readonly region: KvRegion
-  readonly allocator: BlockAllocator
+  readonly pool: BlockPool
+  /** --kv-events-config: the pool's events publisher, once open (onReady); else undefined. */
+  kvEvents: KvEventPublisher | undefined
   /** `--kv agent` only: the link to the transfer agent. */
   readonly kv: KvTransport | undefined
   readonly faults: FaultState

@@ -3,7 +3,7 @@ import { errorWithDetails } from '../../common/coded-error.js'
 import type { Random } from '../../common/random.js'
 import { sleep } from '../../common/timers.js'
 import { isAgentCallError } from './agent-client.js'
-import type { BlockAllocator } from './block-allocator.js'
+import type { BlockPool } from './block-pool.js'
 import { SIM_ERR_AGENT_NOT_READY, SIM_ERR_KV_LEASE_FAILED, SIM_ERR_NUM_TOKENS_MISMATCH, simErrors } from './errors.js'
 import { prefillAndGenerate, tokensFromKv } from './generator.js'
 import type { KvRegion } from './kv-region.js'
@@ -35,7 +35,7 @@ export interface EngineOptions {
   clock: Clock
   random: Random
   region: KvRegion
-  allocator: BlockAllocator
+  pool: BlockPool
   metrics: SimMetrics
   /** Present in `--kv agent` mode only: leases (P) and pulls (D) through the transfer agent. */
   kv?: KvTransport
@@ -66,22 +66,42 @@ export interface EngineRequest {
   log: { warn(obj: object, msg: string): void; info(obj: object, msg: string): void }
   /** Fault injection (`kvLoadFailureRate`): a decode leg's KV load fails without being tried. */
   failKvLoad?: boolean
+  /**
+   * vLLM's skip_reading_prefix_cache: set for requests with prompt_logprobs, which need every
+   * prompt position computed. Nothing hits, nothing is counted as a query; blocks are cached.
+   */
+  skipReadingPrefixCache?: boolean
 }
 
 export interface EngineResult {
   internalId: string
   mode: ServeMode
   promptTokens: number
+  /** Prompt tokens this engine found in its own prefix cache (its metrics count these). */
+  cachedTokens: number
+  /**
+   * What usage.prompt_tokens_details.cached_tokens says: cachedTokens, except on a decode leg
+   * whose P sent `remote_prefill_cached_tokens` (vLLM 0.32 reports P's hits there, not D's).
+   */
+  reportedCachedTokens: number
   /** Every output token and the text, stop criteria applied; the route paces them out. */
   output: Finished
   kvTransferParams: Record<string, unknown> | null
   kvLoad?: KvLoad
 }
 
+/** A prompt's blocks: its cached prefix (`hit` blocks, referenced) then fresh ones. */
+interface PromptBlocks {
+  blocks: number[]
+  hit: number
+  hashes: bigint[]
+}
+
 /**
  * The simulated engine: prefill writes real KV bytes into allocated blocks, and the output
  * is generated from the digest of the blocks held. The P/D behaviour follows vLLM's
- * NixlPullConnector (protocol reference §1.2–§1.4).
+ * NixlPullConnector (protocol reference §1.2–§1.4). Every path goes through the prefix
+ * cache, as vLLM's scheduler does: a hit skips that part of the prefill, or of D's pull.
  */
 export class SimEngine {
   readonly #o: EngineOptions
@@ -103,7 +123,9 @@ export class SimEngine {
     const internalId = o.vllmCompat === 'legacy' ? req.responseId : `${req.responseId}-${o.random.hex(4)}`
     const result = await this.#serve(req, internalId)
     const external = result.mode === 'remote-decode' && (result.kvLoad === undefined || result.kvLoad.outcome === 'ok')
-    o.metrics.promptTokensBySource.inc({ ...o.metrics.labels, source: external ? 'external_kv_transfer' : 'local_compute' }, result.promptTokens)
+    const bySource = (source: string, n: number): void => o.metrics.promptTokensBySource.inc({ ...o.metrics.labels, source }, n)
+    bySource('local_cache_hit', result.cachedTokens)
+    bySource(external ? 'external_kv_transfer' : 'local_compute', result.promptTokens - result.cachedTokens)
     // Every leg has its first token once #serve returns; failed requests record no TTFT.
     o.metrics.ttft.observe(o.metrics.labels, (o.clock.monotonic() - started) / 1000)
     return result
@@ -119,7 +141,7 @@ export class SimEngine {
       req.log.warn({ internalId }, 'do_remote_decode sent to a decode-only simulator; serving locally')
     }
 
-    let outputTokens: number[] | undefined
+    let computed: { output: number[]; cachedTokens: number } | undefined
     let mode: ServeMode = 'local'
     let kvLoad: KvLoad | undefined
     if (params?.do_remote_prefill === true) {
@@ -140,8 +162,8 @@ export class SimEngine {
           kvLoad = { outcome: 'recomputed', agentCode: injected.recompute }
         } else if (o.kv) {
           const pulled = await this.#pullAndGenerate(o.kv, remote, req, internalId)
-          if (Array.isArray(pulled)) {
-            outputTokens = pulled
+          if (!('recompute' in pulled)) {
+            computed = pulled
             mode = 'remote-decode'
             kvLoad = { outcome: 'ok' }
           } else {
@@ -153,16 +175,22 @@ export class SimEngine {
           // text equals the oracle's, without paying the prefill delay a real D skips too.
           // A busy decoder still queues the request first.
           await sleep(o.clock, o.decodeQueueMs ?? 0, req.signal)
-          outputTokens = this.#computeLocally(tokens, maxTokens)
+          computed = await this.#computeLocally(tokens, maxTokens, 0, req)
           mode = 'remote-decode'
         }
       }
     }
-    if (!outputTokens) {
-      await sleep(o.clock, o.prefillDelayMs, req.signal)
-      outputTokens = this.#computeLocally(tokens, maxTokens)
+    computed ??= await this.#computeLocally(tokens, maxTokens, o.prefillDelayMs, req)
+    const remoteCached = params?.do_remote_prefill === true && Number.isInteger(params.remote_prefill_cached_tokens) ? (params.remote_prefill_cached_tokens as number) : undefined
+    const result: EngineResult = {
+      internalId,
+      mode,
+      promptTokens: tokens.length,
+      cachedTokens: computed.cachedTokens,
+      reportedCachedTokens: remoteCached ?? computed.cachedTokens,
+      output: applyStop(computed.output, stop),
+      kvTransferParams: null,
     }
-    const result: EngineResult = { internalId, mode, promptTokens: tokens.length, output: applyStop(outputTokens, stop), kvTransferParams: null }
     if (kvLoad) result.kvLoad = kvLoad
     return result
   }
@@ -174,22 +202,23 @@ export class SimEngine {
     // Without the agent there is nobody to lease to nor an address to export: refuse before
     // spending the prefill (a router retries a 503 elsewhere).
     if (o.kv && !o.kv.ready) throw new SIM_ERR_AGENT_NOT_READY('a prefill leg needs its lease')
-    const blocks = o.allocator.allocate(o.region.blocksFor(tokens.length))
+    const prompt = this.#acquire(tokens, req.skipReadingPrefixCache)
+    const { blocks } = prompt
+    const cachedTokens = prompt.hit * o.region.blockSize
     let output: Finished
     try {
-      await sleep(o.clock, o.prefillDelayMs, req.signal)
-      output = applyStop(prefillAndGenerate(o.region, blocks, tokens, maxTokens), stop)
+      output = applyStop(await this.#prefill(prompt, tokens, maxTokens, o.prefillDelayMs, req.signal), stop)
     } catch (err) {
       // An aborted prefill frees its blocks and returns no params, as vLLM does.
-      o.allocator.free(blocks)
+      o.pool.free(blocks)
       throw err
     }
     if (output.finishReason !== 'length') {
       // vLLM's connector delays the free and returns params only for FINISHED_LENGTH_CAPPED:
       // a stop string, stop token or EOS frees the blocks now and D must prefill again.
-      o.allocator.free(blocks)
+      o.pool.free(blocks)
       req.log.info({ internalId, finishReason: output.finishReason, stopReason: output.stopReason }, 'prefill finished by stop: no kv_transfer_params')
-      return { internalId, mode: 'prefill', promptTokens: tokens.length, output, kvTransferParams: null }
+      return { internalId, mode: 'prefill', promptTokens: tokens.length, cachedTokens, reportedCachedTokens: cachedTokens, output, kvTransferParams: null }
     }
     let expiry: number | null = null
     let host = o.sideChannelHost
@@ -197,7 +226,7 @@ export class SimEngine {
     if (!o.kv) {
       // Nobody reads the blocks in `--kv none` mode (D recomputes), so pinning them would
       // only leak capacity.
-      o.allocator.free(blocks)
+      o.pool.free(blocks)
     } else {
       // The agent owns the blocks from here: it frees them when the lease ends (read done,
       // released or expired), or now if leasing failed.
@@ -229,7 +258,7 @@ export class SimEngine {
       }
       // The agent's lease deadline is handoff's, not vLLM's: agent mode keeps it.
       if (o.kv) legacy.remote_blocks_expiry_time = expiry
-      return { internalId, mode: 'prefill', promptTokens: tokens.length, output, kvTransferParams: legacy }
+      return { internalId, mode: 'prefill', promptTokens: tokens.length, cachedTokens, reportedCachedTokens: cachedTokens, output, kvTransferParams: legacy }
     }
     const kvTransferParams = {
       do_remote_prefill: true,
@@ -247,28 +276,62 @@ export class SimEngine {
       // agent's monotonic clock (vLLM: the producer's perf_counter), exported verbatim.
       remote_blocks_expiry_time: expiry,
       transfer_mode: 'pull',
+      // vLLM 0.32's scheduler adds P's prefix hits, for D to report as its cached_tokens.
+      remote_prefill_cached_tokens: cachedTokens,
     }
-    return { internalId, mode: 'prefill', promptTokens: tokens.length, output, kvTransferParams }
+    return { internalId, mode: 'prefill', promptTokens: tokens.length, cachedTokens, reportedCachedTokens: cachedTokens, output, kvTransferParams }
   }
 
-  /** Prefill into scratch blocks, digest, free: the decoder keeps only the digest while decoding. */
-  #computeLocally(tokens: Uint32Array, maxTokens: number): number[] {
+  /**
+   * The prompt's blocks: its cached prefix then fresh ones. At most all but the last token
+   * hit, as in vLLM (KVCacheManager.get_computed_blocks): the last one is always computed,
+   * for its logits.
+   */
+  #acquire(tokens: Uint32Array, skipReading = false): PromptBlocks {
     const o = this.#o
-    const blocks = o.allocator.allocate(o.region.blocksFor(tokens.length))
+    const hashes = o.pool.hashes(tokens)
+    const maxHit = skipReading ? 0 : Math.floor((tokens.length - 1) / o.region.blockSize)
+    const { blocks, hit } = o.pool.acquire(hashes, o.region.blocksFor(tokens.length), maxHit)
+    if (o.pool.enableCaching && !skipReading) {
+      o.metrics.prefixCacheQueries.inc(o.metrics.labels, tokens.length)
+      o.metrics.prefixCacheHits.inc(o.metrics.labels, hit * o.region.blockSize)
+    }
+    return { blocks, hit, hashes }
+  }
+
+  /**
+   * Computes the uncached part of the prompt into its blocks, taking `delayMs` for a whole
+   * prompt (a hit shortens it by its share), caches the full blocks and generates.
+   */
+  async #prefill(prompt: PromptBlocks, tokens: Uint32Array, maxTokens: number, delayMs: number, signal: AbortSignal): Promise<number[]> {
+    const o = this.#o
+    const from = prompt.hit * o.region.blockSize
+    await sleep(o.clock, (delayMs * (tokens.length - from)) / tokens.length, signal)
+    const output = prefillAndGenerate(o.region, prompt.blocks, tokens, maxTokens, from)
+    o.pool.cache(prompt.blocks, prompt.hashes, tokens, prompt.hit)
+    return output
+  }
+
+  /** Prefill here, generate, free: the blocks stay cached, the engine keeps only the output. */
+  async #computeLocally(tokens: Uint32Array, maxTokens: number, delayMs: number, req: EngineRequest): Promise<{ output: number[]; cachedTokens: number }> {
+    const o = this.#o
+    const prompt = this.#acquire(tokens, req.skipReadingPrefixCache)
     try {
-      return prefillAndGenerate(o.region, blocks, tokens, maxTokens)
+      return { output: await this.#prefill(prompt, tokens, maxTokens, delayMs, req.signal), cachedTokens: prompt.hit * o.region.blockSize }
     } finally {
-      o.allocator.free(blocks)
+      o.pool.free(prompt.blocks)
     }
   }
 
   /**
-   * D leg in `--kv agent` mode: pull into fresh blocks and generate from them. A failed pull
-   * fails the request (policy `fail`) or asks for a local prefill (`recompute`, the agent's
-   * code returned). Blocks of a failed pull belong to the transport (it frees them once no
-   * READ can write into them); this frees only those of a pull that succeeded.
+   * D leg in `--kv agent` mode: pull what D's own prefix cache lacks into fresh blocks (the
+   * tail of P's, as vLLM's NIXL connector reads remote_block_ids[-len(local):]), cache them
+   * and generate. A failed pull fails the request (policy `fail`) or asks for a local prefill
+   * (`recompute`, the agent's code returned). Fresh blocks of a failed pull belong to the
+   * transport (it frees them once no READ can write into them); this frees the hit's
+   * references, and every block of a pull that succeeded.
    */
-  async #pullAndGenerate(kv: KvTransport, remote: RemoteKv, req: EngineRequest, internalId: string): Promise<number[] | { recompute: string }> {
+  async #pullAndGenerate(kv: KvTransport, remote: RemoteKv, req: EngineRequest, internalId: string): Promise<{ output: number[]; cachedTokens: number } | { recompute: string }> {
     const o = this.#o
     const { tokens, maxTokens } = req.input
     const n = o.region.blocksFor(tokens.length)
@@ -280,10 +343,13 @@ export class SimEngine {
       failure = new Error(`P exported ${remote.blockIds.length} block ids, the prompt needs ${n}`)
     } else {
       await this.#queue(kv, remote, req.signal)
-      const blocks = o.allocator.allocate(n)
+      const { blocks, hit, hashes } = this.#acquire(tokens, req.skipReadingPrefixCache)
+      const cachedTokens = hit * o.region.blockSize
       try {
-        await kv.pull({ requestId: internalId, remote, localBlocks: blocks, numTokens: tokens.length, signal: req.signal })
+        const tail = { ...remote, blockIds: remote.blockIds.slice(hit, n) }
+        await kv.pull({ requestId: internalId, remote: tail, localBlocks: blocks.slice(hit), numTokens: tokens.length - cachedTokens, signal: req.signal })
       } catch (err) {
+        o.pool.free(blocks.slice(0, hit))
         // The client left or the app is closing: nobody to answer, no policy to apply.
         if (req.signal.aborted) throw req.signal.reason
         failure = err as Error
@@ -291,9 +357,10 @@ export class SimEngine {
         return this.#loadFailed(req, internalId, failure, agentCode)
       }
       try {
-        return tokensFromKv(o.region, blocks, tokens.length, maxTokens)
+        o.pool.cache(blocks, hashes, tokens, hit)
+        return { output: tokensFromKv(o.region, blocks, tokens.length, maxTokens), cachedTokens }
       } finally {
-        o.allocator.free(blocks)
+        o.pool.free(blocks)
       }
     }
     return this.#loadFailed(req, internalId, failure, agentCode)

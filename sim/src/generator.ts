@@ -66,11 +66,12 @@ export function tokensFromKv(region: KvRegion, blockIds: readonly number[], numT
 }
 
 /**
- * Prefill then generate: writes the prompt's KV into `blockIds` and generates from those
- * bytes. The engine and the oracle both go through here, so they cannot drift apart.
+ * Prefill then generate: writes the prompt's KV into `blockIds` (from position `from`: the
+ * ones before are a prefix-cache hit) and generates from those bytes. The engine and the
+ * oracle both go through here, so they cannot drift apart.
  */
-export function prefillAndGenerate(region: KvRegion, blockIds: readonly number[], tokens: Uint32Array, count: number): number[] {
-  writePromptKv(region, blockIds, tokens)
+export function prefillAndGenerate(region: KvRegion, blockIds: readonly number[], tokens: Uint32Array, count: number, from = 0): number[] {
+  writePromptKv(region, blockIds, tokens, from)
   return tokensFromKv(region, blockIds, tokens.length, count)
 }
 

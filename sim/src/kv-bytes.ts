@@ -1,3 +1,4 @@
+import { fmix } from '../../common/block-hash.js'
 import type { KvRegion } from './kv-region.js'
 
 /**
@@ -12,21 +13,13 @@ import type { KvRegion } from './kv-region.js'
 
 const GOLDEN = 0x9e3779b9
 
-/** murmur3's 32-bit finalizer: a cheap, well-mixed step for the prefix hash. */
-function fmix(h: number): number {
-  h ^= h >>> 16
-  h = Math.imul(h, 0x85ebca6b)
-  h ^= h >>> 13
-  h = Math.imul(h, 0xc2b2ae35)
-  h ^= h >>> 16
-  return h >>> 0
-}
 
 /**
- * Writes positions [0, tokens.length) of a prompt into `blockIds` (in order, blockSize
- * positions per block). `blockIds` must hold at least region.blocksFor(tokens.length) ids.
+ * Writes positions [from, tokens.length) of a prompt into `blockIds` (in order, blockSize
+ * positions per block; those before `from` are a prefix-cache hit, already there). `blockIds`
+ * must hold at least region.blocksFor(tokens.length) ids.
  */
-export function writePromptKv(region: KvRegion, blockIds: readonly number[], tokens: Uint32Array): void {
+export function writePromptKv(region: KvRegion, blockIds: readonly number[], tokens: Uint32Array, from = 0): void {
   const words = region.words
   const wordsPerToken = region.bytesPerToken / 4
   const blockWords = region.blockBytes / 4
@@ -46,6 +39,10 @@ export function writePromptKv(region: KvRegion, blockIds: readonly number[], tok
       w = (blockIds[++blockIndex] as number) * blockWords
     }
     slot++
+    if (i < from) {
+      w += wordsPerToken
+      continue
+    }
     // xorshift32 must not start at 0; `| 1` keeps the seed odd.
     let s = (a ^ Math.imul(i + 1, GOLDEN)) | 1
     for (let k = 0; k < wordsPerToken; k++) {

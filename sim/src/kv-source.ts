@@ -1,6 +1,6 @@
 import type { Logger } from 'pino'
 import type { Clock } from '../../common/clock.js'
-import type { BlockAllocator } from './block-allocator.js'
+import type { BlockPool } from './block-pool.js'
 import type { KvRegion } from './kv-region.js'
 import type { SimMetrics } from './metrics.js'
 
@@ -33,7 +33,7 @@ export interface KvPull {
 export interface KvTransportDeps {
   engineId: string
   region: KvRegion
-  allocator: BlockAllocator
+  pool: BlockPool
   metrics: SimMetrics
   clock: Clock
   log: Logger
@@ -42,7 +42,7 @@ export interface KvTransportDeps {
 /**
  * The seam for `--kv agent` (agent-link.ts fills it with the transfer agent; tests with
  * in-process doubles). **Block ownership:** blocks handed to `lease` or to a `pull` that
- * rejects belong to the transport from then on, and it returns them to the allocator exactly
+ * rejects belong to the transport from then on, and it returns them to the pool exactly
  * once: a lease's when it ends (read, released or expired), a failed pull's once no READ can
  * still write into them. The engine frees only the blocks of a pull that resolved.
  */

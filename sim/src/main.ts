@@ -19,7 +19,7 @@ function agentMemory(config: Readonly<SimConfig>, random: Random): { config: Rea
   const engineId = config.engineId ?? `sim-${random.hex(8)}`
   const withId = config.engineId === undefined ? validateSimConfig({ ...structuredClone(config), engineId }) : config
   const name = config.shmName ?? `/handoff-kv-${engineId}-${process.pid}`
-  const shm = mapSharedMemory(name, config.numBlocks * config.blockSize * config.bytesPerToken, { create: true })
+  const shm = mapSharedMemory(name, config.numGpuBlocksOverride * config.blockSize * config.bytesPerToken, { create: true })
   return { config: withId, shm }
 }
 

@@ -13,6 +13,8 @@ export interface SimMetrics {
   success: Counter<'model_name' | 'engine' | 'finished_reason'>
   promptTokens: Counter<'model_name' | 'engine'>
   promptTokensBySource: Counter<'model_name' | 'engine' | 'source'>
+  prefixCacheQueries: Counter<'model_name' | 'engine'>
+  prefixCacheHits: Counter<'model_name' | 'engine'>
   generationTokens: Counter<'model_name' | 'engine'>
   ttft: Histogram<'model_name' | 'engine'>
   kvExpired: Counter<'model_name' | 'engine'>
@@ -63,6 +65,10 @@ export function createSimMetrics(opts: SimMetricsOptions): SimMetrics {
       labelNames: ['model_name', 'engine', 'source'],
       registers,
     }),
+    // Tokens looked up in the prefix cache and tokens found, per request scheduled (vLLM's
+    // PrefixCacheStats): hits over queries is the engine's own hit rate.
+    prefixCacheQueries: new Counter({ name: 'vllm:prefix_cache_queries_total', help: 'Prefix cache queries, in terms of number of queried tokens.', labelNames, registers }),
+    prefixCacheHits: new Counter({ name: 'vllm:prefix_cache_hits_total', help: 'Prefix cache hits, in terms of number of cached tokens.', labelNames, registers }),
     generationTokens: new Counter({ name: 'vllm:generation_tokens_total', help: 'Number of generation tokens processed.', labelNames, registers }),
     ttft: new Histogram({
       name: 'vllm:time_to_first_token_seconds',
@@ -91,6 +97,8 @@ export function createSimMetrics(opts: SimMetricsOptions): SimMetrics {
   m.waiting.set(labels, 0)
   m.promptTokens.inc(labels, 0)
   m.generationTokens.inc(labels, 0)
+  m.prefixCacheQueries.inc(labels, 0)
+  m.prefixCacheHits.inc(labels, 0)
   for (const source of ['local_compute', 'local_cache_hit', 'external_kv_transfer']) m.promptTokensBySource.inc({ ...labels, source }, 0)
   m.kvExpired.inc(labels, 0)
   m.failedTransfers.inc(labels, 0)

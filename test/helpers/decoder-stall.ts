@@ -2,7 +2,7 @@ import type { Test } from 'tap'
 import { freePort } from '../../common/ports.js'
 import type { SpawnedService } from '../../common/spawn.js'
 import { get } from './cluster.js'
-import { complete, completionBody, sleep, startEngine, startRouterProcess, tally, within, type Engine, type Outcome } from './pd-agents.js'
+import { complete, completionBody, type Engine, type Outcome, REUSING_PREFILLER, sleep, startEngine, startRouterProcess, tally, within } from './pd-agents.js'
 
 /*
  * Issue 17 item 1: a slow decoder must never make the router end leases it is still reading.
@@ -42,7 +42,7 @@ export interface StallCluster {
 export async function stallCluster(t: Test, probes: keyof typeof PROBES = 'fast'): Promise<StallCluster> {
   const port = await freePort()
   const agentArgs = ['--router-url', `http://127.0.0.1:${port}`]
-  const prefill = await startEngine(t, { role: 'prefill', leaseSeconds: LEASE_S, simArgs: ['--num-blocks', '512'], agentArgs })
+  const prefill = await startEngine(t, { role: 'prefill', leaseSeconds: LEASE_S, simArgs: [...REUSING_PREFILLER], agentArgs })
   const decoders: [Engine, Engine] = [
     await startEngine(t, { role: 'decode', leaseSeconds: LEASE_S, simArgs: ['--kv-load-failure-policy', 'fail'], agentArgs }),
     await startEngine(t, { role: 'decode', leaseSeconds: LEASE_S, simArgs: ['--kv-load-failure-policy', 'fail'], agentArgs }),

@@ -102,6 +102,14 @@ async function killHard(s: SpawnedService | undefined): Promise<void> {
   await exited
 }
 
+/**
+ * Simulator flags for a prefiller whose freed blocks are reused at once, so a read after its
+ * lease ended lands on another request's bytes on the next prefill: stale-read scenarios
+ * need that to see the hazard. With prefix caching (vLLM's default) a freed full block waits
+ * behind every older free block before reuse: the same failure, only under memory pressure.
+ */
+export const REUSING_PREFILLER = ['--num-gpu-blocks-override', '512', '--no-enable-prefix-caching'] as const
+
 export async function startEngine(t: Teardown, opts: EngineOptions): Promise<Engine> {
   const e = new Engine(opts)
   t.teardown(() => e.stop())

@@ -2,7 +2,7 @@ import t from 'tap'
 import { oracleForBody } from '../../sim/src/oracle.js'
 import { needNixl, probeNixl } from '../native/helpers.js'
 import { post, sseEvents } from '../helpers/cluster.js'
-import { metric, startEngine, startRouterProcess } from '../helpers/pd-agents.js'
+import { metric, REUSING_PREFILLER, startEngine, startRouterProcess } from '../helpers/pd-agents.js'
 
 /*
  * Issue 17 item 7: `n > 1`. vLLM's decoder loads the remote KV once per choice, while P's
@@ -17,7 +17,7 @@ const probe = await probeNixl()
 type Choice = { index: number; text?: string; message?: { content: string }; finish_reason: string }
 
 t.test('n > 1: one handoff (one lease, one READ) per choice, merged in order', { skip: needNixl(t, probe) }, async (t) => {
-  const prefill = await startEngine(t, { role: 'prefill', leaseSeconds: 10, simArgs: ['--num-blocks', '512'] })
+  const prefill = await startEngine(t, { role: 'prefill', leaseSeconds: 10, simArgs: [...REUSING_PREFILLER] })
   const decode = await startEngine(t, { role: 'decode', leaseSeconds: 10, simArgs: ['--kv-load-failure-policy', 'fail'] })
   const router = await startRouterProcess(t, [prefill, decode])
   const url = router.url

@@ -1,7 +1,7 @@
 import t from 'tap'
 import { freePort } from '../../common/ports.js'
 import { get, spawnRouter } from '../helpers/cluster.js'
-import { metric, startEngine, startUncheckedDecoder, within } from '../helpers/pd-agents.js'
+import { metric, REUSING_PREFILLER, startEngine, startUncheckedDecoder, within } from '../helpers/pd-agents.js'
 import { noWrongText, timedRun } from '../helpers/stall.js'
 import { needNixl, probeNixl } from '../native/helpers.js'
 
@@ -21,7 +21,7 @@ const probe = await probeNixl()
 
 t.test('mixed fleet: legs redirected from an agent-backed decoder to a stock one are checked', { skip: needNixl(t, probe) }, async (t) => {
   const port = await freePort()
-  const prefill = await startEngine(t, { role: 'prefill', leaseSeconds: LEASE_S, simArgs: ['--num-blocks', '512'] })
+  const prefill = await startEngine(t, { role: 'prefill', leaseSeconds: LEASE_S, simArgs: [...REUSING_PREFILLER] })
   const backed = await startEngine(t, {
     role: 'decode',
     leaseSeconds: LEASE_S,

@@ -1,7 +1,7 @@
 import t from 'tap'
 import type { Test } from 'tap'
 import { spawnRouter } from '../helpers/cluster.js'
-import { startEngine, startUncheckedDecoder, type Engine } from '../helpers/pd-agents.js'
+import { type Engine, REUSING_PREFILLER, startEngine, startUncheckedDecoder } from '../helpers/pd-agents.js'
 import { slowHop } from '../helpers/slow-hop.js'
 import { noWrongText, timedRun } from '../helpers/stall.js'
 import { needNixl, probeNixl } from '../native/helpers.js'
@@ -22,7 +22,7 @@ const probe = await probeNixl()
 
 /** P (300 ms prefills, so many are in flight at any instant) and a decoder that checks no read. */
 async function engines(t: Test): Promise<{ prefill: Engine; decode: Engine }> {
-  const prefill = await startEngine(t, { role: 'prefill', leaseSeconds: LEASE_S, simArgs: ['--num-blocks', '512', '--prefill-delay-ms', '300'] })
+  const prefill = await startEngine(t, { role: 'prefill', leaseSeconds: LEASE_S, simArgs: [...REUSING_PREFILLER, '--prefill-delay-ms', '300'] })
   return { prefill, decode: await startUncheckedDecoder(t, LEASE_S) }
 }
 

@@ -1,5 +1,5 @@
 import t from 'tap'
-import { metric, startEngine, startRouterProcess, startUncheckedDecoder } from '../helpers/pd-agents.js'
+import { metric, REUSING_PREFILLER, startEngine, startRouterProcess, startUncheckedDecoder } from '../helpers/pd-agents.js'
 import { LEASE_S, report, stallRun } from '../helpers/stall.js'
 import { needNixl, probeNixl } from '../native/helpers.js'
 
@@ -12,7 +12,7 @@ import { needNixl, probeNixl } from '../native/helpers.js'
 const probe = await probeNixl()
 
 t.test('negative control: with the checks off the same stop produces wrong text', { skip: needNixl(t, probe) }, async (t) => {
-  const prefill = await startEngine(t, { role: 'prefill', leaseSeconds: LEASE_S, simArgs: ['--num-blocks', '512'] })
+  const prefill = await startEngine(t, { role: 'prefill', leaseSeconds: LEASE_S, simArgs: [...REUSING_PREFILLER] })
   const decode = await startUncheckedDecoder(t, LEASE_S)
   const router = await startRouterProcess(t, [prefill, decode])
   const run = await stallRun(router.url, [decode], 10_000, 'unsafe')

@@ -1,6 +1,6 @@
 import t from 'tap'
 import { probeNixl, needNixl } from '../native/helpers.js'
-import { metric, startEngine, startRouterProcess } from '../helpers/pd-agents.js'
+import { metric, REUSING_PREFILLER, startEngine, startRouterProcess } from '../helpers/pd-agents.js'
 import { LEASE_S, report, stallRun } from '../helpers/stall.js'
 
 /*
@@ -17,7 +17,7 @@ import { LEASE_S, report, stallRun } from '../helpers/stall.js'
 const probe = await probeNixl()
 
 t.test('stale reads: 10 s stop under 5 s leases', { skip: needNixl(t, probe) }, async (t) => {
-  const prefill = await startEngine(t, { role: 'prefill', leaseSeconds: LEASE_S, simArgs: ['--num-blocks', '512'] })
+  const prefill = await startEngine(t, { role: 'prefill', leaseSeconds: LEASE_S, simArgs: [...REUSING_PREFILLER] })
   const fail = await startEngine(t, { role: 'decode', leaseSeconds: LEASE_S, simArgs: ['--kv-load-failure-policy', 'fail'] })
   const recompute = await startEngine(t, { role: 'decode', leaseSeconds: LEASE_S, simArgs: ['--kv-load-failure-policy', 'recompute'] })
   const router = await startRouterProcess(t, [prefill, fail, recompute])
@@ -39,7 +39,7 @@ t.test('stale reads: 10 s stop under 5 s leases', { skip: needNixl(t, probe) }, 
 })
 
 t.test('control: a 2 s stop stays inside the lease, nothing fails', { skip: needNixl(t, probe) }, async (t) => {
-  const prefill = await startEngine(t, { role: 'prefill', leaseSeconds: LEASE_S, simArgs: ['--num-blocks', '512'] })
+  const prefill = await startEngine(t, { role: 'prefill', leaseSeconds: LEASE_S, simArgs: [...REUSING_PREFILLER] })
   const decode = await startEngine(t, { role: 'decode', leaseSeconds: LEASE_S, simArgs: ['--kv-load-failure-policy', 'fail'] })
   const router = await startRouterProcess(t, [prefill, decode])
   const run = await stallRun(router.url, [decode], 2_000, 'control')

@@ -38,7 +38,7 @@ async function setup(t: Tap, dConfig: Record<string, unknown> = {}) {
     await pAgent.app.close()
     await dAgent.app.close()
   })
-  const common = { kv: 'agent', numBlocks: 64 }
+  const common = { kv: 'agent', numGpuBlocksOverride: 64 }
   memories.set('p0', new Uint8Array(64 * blockBytes))
   memories.set('d0', new Uint8Array(64 * blockBytes))
   const p = build(t, { ...common, role: 'prefill', engineId: 'p0', agentUrl: pAgent.url, shmName: '/test-p0' }, { kvMemory: memories.get('p0') as Uint8Array })
@@ -184,8 +184,8 @@ t.test('no agent: /health 503, prefill 503, a pull never sent frees its blocks a
     })
   })
   const agentUrl = `http://127.0.0.1:${port}`
-  const p = build(t, { kv: 'agent', role: 'prefill', agentUrl, shmName: '/test-none', numBlocks: 64 })
-  const d = build(t, { kv: 'agent', role: 'decode', agentUrl, shmName: '/test-none', numBlocks: 64 })
+  const p = build(t, { kv: 'agent', role: 'prefill', agentUrl, shmName: '/test-none', numGpuBlocksOverride: 64 })
+  const d = build(t, { kv: 'agent', role: 'decode', agentUrl, shmName: '/test-none', numGpuBlocksOverride: 64 })
   t.equal((await p.app.inject({ url: '/health' })).statusCode, 503)
   t.match(await info(p), { agentAttached: false })
   const pr = await p.app.inject({ method: 'POST', url: '/v1/completions', payload: { ...body, max_tokens: 1, kv_transfer_params: { do_remote_decode: true } } })

@@ -89,6 +89,7 @@ t.test('prefill leg answers with vLLM kv_transfer_params', async (t) => {
     remote_num_tokens: body.usage.prompt_tokens,
     remote_blocks_expiry_time: null,
     transfer_mode: 'pull',
+    remote_prefill_cached_tokens: 0,
   })
   t.equal(body.choices[0].message.content, oracleText({ kind: 'chat', messages, maxTokens: 1 }), 'P generates the first token')
   const info = (await app.inject({ url: '/sim/info' })).json()
@@ -331,7 +332,7 @@ t.test('--kv agent: the KvTransport seam, leases and a read after expiry', async
   // In-process stand-ins for the transfer agents: a pull copies P's block bytes into D's blocks.
   const clock = new ManualClock()
   const kv = new FakeKv({ clock, leaseMs: 5000 })
-  const agent = { kv: 'agent', agentUrl: 'http://127.0.0.1:9', numBlocks: 64 }
+  const agent = { kv: 'agent', agentUrl: 'http://127.0.0.1:9', numGpuBlocksOverride: 64 }
   const p = build(t, { ...agent, role: 'prefill', engineId: 'p0' }, { kvTransport: kv.transport(), clock })
   const d = build(t, { ...agent, role: 'decode' }, { kvTransport: kv.transport() })
   const body = { model: MODEL, prompt: 'a prompt whose KV really moves between the two engines', max_tokens: 6 }
@@ -363,7 +364,7 @@ t.test('--kv agent: the KvTransport seam, leases and a read after expiry', async
 
 t.test('--kv agent: a failed pull fails the request or recomputes, by kv_load_failure_policy', async (t) => {
   const kv = new FakeKv({ clock: new ManualClock() })
-  const agent = { kv: 'agent', agentUrl: 'http://127.0.0.1:9', numBlocks: 64 }
+  const agent = { kv: 'agent', agentUrl: 'http://127.0.0.1:9', numGpuBlocksOverride: 64 }
   const p = build(t, { ...agent, role: 'prefill' }, { kvTransport: kv.transport() })
   const fail = build(t, { ...agent, role: 'decode' }, { kvTransport: kv.transport() })
   const recompute = build(t, { ...agent, role: 'decode', kvLoadFailurePolicy: 'recompute', prefillDelayMs: 0 }, { kvTransport: kv.transport() })

@@ -30,7 +30,7 @@ t.test('flags map onto SimConfig', async (t) => {
   t.throws(() => parseSimArgs(['--nope']), { code: 'SIM_ERR_INVALID_CONFIG', message: /Unknown option/ })
   t.throws(() => parseSimArgs(['extra']), { code: 'SIM_ERR_INVALID_CONFIG' })
   const u = usage()
-  for (const flag of ['--role', '--kv', '--block-size', '--num-blocks', '--max-model-len', '--default-max-tokens', '--prefill-delay-ms',
+  for (const flag of ['--role', '--kv', '--block-size', '--num-gpu-blocks-override', '--max-model-len', '--default-max-tokens', '--prefill-delay-ms',
     '--decode-delay-ms', '--side-channel-host', '--side-channel-port', '--error-rate', '--stall-rate', '--stall-ms', '--crash-after',
     '--garbage-rate', '--disconnect-rate', '--kv-load-failure-rate', '--unhealthy', '--seed', '--log-level', '--body-limit']) {
     t.match(u, flag)

@@ -1,6 +1,6 @@
 import t from 'tap'
 import { seededRandom } from '../../common/random.js'
-import { BlockAllocator } from '../../sim/src/block-allocator.js'
+import { BlockPool } from '../../sim/src/block-pool.js'
 import { renderChat } from '../../sim/src/chat-template.js'
 import { validateSimConfig } from '../../sim/src/config.js'
 import { FaultState } from '../../sim/src/faults.js'
@@ -91,24 +91,9 @@ t.test('KV region and bytes', async (t) => {
   t.same(mem.subarray(2 * 64, 3 * 64), region.blockView(0))
 })
 
-t.test('block allocator reuses freed blocks LIFO', async (t) => {
-  const alloc = new BlockAllocator(8)
-  const first = alloc.allocate(3)
-  t.same(first, [0, 1, 2])
-  const second = alloc.allocate(2)
-  t.same(second, [3, 4])
-  alloc.free(first)
-  t.equal(alloc.usedCount, 2)
-  t.same(alloc.allocate(3), [0, 1, 2], 'the freed blocks come back first, in the same order')
-  t.throws(() => alloc.free([7]), /freed twice/)
-  t.throws(() => alloc.free([99]), RangeError)
-  t.throws(() => alloc.allocate(4), { code: 'SIM_ERR_KV_CAPACITY', statusCode: 503 })
-  t.equal(alloc.freeCount, 3, 'a failed allocation takes nothing')
-})
-
 t.test('a read after reuse sees another request\u2019s bytes, so the text changes', async (t) => {
   const region = KvRegion.allocate({ blockSize: 16, bytesPerToken: 64, numBlocks: 4 })
-  const alloc = new BlockAllocator(4)
+  const alloc = new BlockPool({ numBlocks: 4, blockSize: 16, enableCaching: false, hashSeed: 0 })
   const tokensA = tokenize('the prompt of request A, which P prefilled')
   const tokensB = tokenize('request B arrived after A expired and took its blocks')
   const blocksA = alloc.allocate(region.blocksFor(tokensA.length))

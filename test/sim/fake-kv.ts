@@ -29,12 +29,12 @@ export class FakeKv {
   }
 
   #transport(deps: KvTransportDeps): KvTransport {
-    const { allocator, metrics } = deps
+    const { pool, metrics } = deps
     const leases = new LeaseTable<readonly number[]>({
       clock: this.#clock,
       leaseMs: this.#leaseMs,
       onEnd: (lease, reason) => {
-        allocator.free(lease.value)
+        pool.free(lease.value)
         if (reason === 'expired') metrics.kvExpired.inc(metrics.labels)
       },
     })
@@ -60,7 +60,7 @@ export class FakeKv {
   async #pull(d: KvTransportDeps, job: KvPull): Promise<void> {
     this.pulls.push({ requestId: job.requestId, remote: job.remote })
     if (this.failPulls) {
-      d.allocator.free(job.localBlocks)
+      d.pool.free(job.localBlocks)
       throw errorWithDetails(simErrors, 'SIM_ERR_AGENT_CALL', `POST /v1/pulls: ${this.failPulls.agentCode}`, this.failPulls)
     }
     const p = this.#engines.get(job.remote.remoteEngineId)

@@ -11,7 +11,7 @@ const want = oracleText({ kind: 'completion', prompt: body.prompt, maxTokens: 5 
 
 t.test('--vllm-compat legacy: P params without remote_request_id, flat block ids; D reads under its own id', async (t) => {
   const kv = new FakeKv({ clock: new ManualClock() })
-  const agent = { kv: 'agent', agentUrl: 'http://127.0.0.1:9', numBlocks: 64, vllmCompat: 'legacy' }
+  const agent = { kv: 'agent', agentUrl: 'http://127.0.0.1:9', numGpuBlocksOverride: 64, vllmCompat: 'legacy' }
   const p = build(t, { ...agent, role: 'prefill', engineId: 'old-p' }, { kvTransport: kv.transport() })
   const d = build(t, { ...agent, role: 'decode' }, { kvTransport: kv.transport() })
 

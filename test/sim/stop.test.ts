@@ -144,7 +144,7 @@ t.test('bad stop fields and n < 1 are refused', async (t) => {
 
 t.test('prefill leg: a stop finish returns no kv_transfer_params and frees the blocks', async (t) => {
   const kv = new FakeKv({ clock: new ManualClock() })
-  const p = build(t, { role: 'prefill', kv: 'agent', agentUrl: 'http://127.0.0.1:9', numBlocks: 64 }, { kvTransport: kv.transport() })
+  const p = build(t, { role: 'prefill', kv: 'agent', agentUrl: 'http://127.0.0.1:9', numGpuBlocksOverride: 64 }, { kvTransport: kv.transport() })
   const leg = { model: MODEL, prompt: PROMPT, max_tokens: 1, stream: false, kv_transfer_params: { do_remote_decode: true } }
   const info = async (): Promise<{ leases: number; usedBlocks: number }> => (await p.app.inject({ url: '/sim/info' })).json()
 

@@ -97,16 +97,22 @@ async function serve(ctx: SimContext, kind: Kind, request: FastifyRequest<{ Body
   const choices: EngineResult[] = []
   /** Each choice's prompt. */
   const choiceInputs: PromptInput[] = []
+  // Per prompt, as vLLM counts num_cached_tokens: the first choice's lookup.
+  let cachedTokens = 0
   try {
     // n > 1 as vLLM's decoder serves it: one child request per choice, each loading the remote
     // KV itself (one READ of P's blocks per choice), one after another here. P's lease is for
     // one read, so every child after the first reads blocks P may already have reused.
     const n = typeof body.n === 'number' && body.n > 1 ? body.n : 1
+    // vLLM skips reading the prefix cache for requests with prompt logprobs (SamplingParams).
+    const { prompt_logprobs: promptLogprobsAsked } = body as Record<string, unknown>
+    const askedPromptLogprobs = promptLogprobsAsked !== undefined && promptLogprobsAsked !== null
     const remote = (body.kv_transfer_params as { do_remote_prefill?: unknown } | null | undefined)?.do_remote_prefill === true
     for (const input of inputs) {
       const run = (): Promise<EngineResult> =>
-        engine.run({ responseId, input, kvTransferParams: body.kv_transfer_params, signal, log: request.log, failKvLoad: fault === 'kv_load_failure' })
+        engine.run({ responseId, input, kvTransferParams: body.kv_transfer_params, signal, log: request.log, failKvLoad: fault === 'kv_load_failure', skipReadingPrefixCache: askedPromptLogprobs })
       const first = await run()
+      cachedTokens += first.reportedCachedTokens
       for (let j = 0; j < n; j++) {
         choices.push(j === 0 || !remote ? first : await run())
         choiceInputs.push(input)
@@ -140,6 +146,8 @@ async function serve(ctx: SimContext, kind: Kind, request: FastifyRequest<{ Body
     prompt_tokens: promptTokens,
     completion_tokens: completionTokens,
     total_tokens: promptTokens + completionTokens,
+    // Only with --enable-prompt-tokens-details, as vLLM.
+    ...(config.enablePromptTokensDetails ? { prompt_tokens_details: { cached_tokens: cachedTokens } } : {}),
   }
   const head = { id: responseId, created, model: config.model }
 

@@ -99,6 +99,17 @@ export async function simAdminRoutes(app: FastifyInstance, ctx: SimContext): Pro
               bytesPerToken: Type.Integer(),
               numBlocks: Type.Integer(),
               usedBlocks: Type.Integer(),
+              // Blocks holding a hash (free or in use): what a prefix can hit.
+              cachedBlocks: Type.Integer(),
+              // --kv-events-config: where the events go (ports resolved) and how many
+              // batches went out; null without events.
+              kvEvents: Type.Union([
+                Type.Object(
+                  { endpoint: Type.String(), replayEndpoint: Type.Union([Type.String(), Type.Null()]), sequence: Type.Integer(), dropped: Type.Integer() },
+                  { additionalProperties: false },
+                ),
+                Type.Null(),
+              ]),
               // `--kv agent`: leases held for decoders, blocks of failed pulls not yet
               // quiescent, and whether the engine is attached to its agent.
               leases: Type.Integer(),
@@ -119,7 +130,11 @@ export async function simAdminRoutes(app: FastifyInstance, ctx: SimContext): Pro
       blockSize: ctx.region.blockSize,
       bytesPerToken: ctx.region.bytesPerToken,
       numBlocks: ctx.region.numBlocks,
-      usedBlocks: ctx.allocator.usedCount,
+      usedBlocks: ctx.pool.usedCount,
+      cachedBlocks: ctx.pool.cachedCount,
+      kvEvents: ctx.kvEvents
+        ? { endpoint: ctx.kvEvents.endpoint, replayEndpoint: ctx.kvEvents.replayEndpoint ?? null, sequence: Number(ctx.kvEvents.sequence), dropped: ctx.kvEvents.dropped }
+        : null,
       leases: ctx.kv?.leases ?? 0,
       taintedBlocks: ctx.kv?.taintedBlocks ?? 0,
       agentAttached: ctx.kv?.ready ?? false,

@@ -11,6 +11,7 @@ import { urlHost } from '../common/host-port.js'
 
 const HELP = () => `usage: handoff up [--prefill N] [--decode M] [--both K] [--port P] [--host H]
                   [--kv auto|agent|none] [--lease-seconds S] [--kv-load-failure-policy fail|recompute]
+                  [--block-size B] [--num-gpu-blocks-override N]
                   [--routers R] [--store memory|redis|redis://HOST:PORT]
                   [--model NAME] [--admin-token T] [--verbose]
 
@@ -22,6 +23,9 @@ stops every child on SIGINT/SIGTERM.
              between them with NIXL READs under leases of --lease-seconds (default 30).
 --kv none    decoders compute the prompt's KV themselves (no NIXL needed).
 --kv auto    (default) agent when NIXL loads, otherwise none, saying why on stderr.
+--block-size B, --num-gpu-blocks-override N
+             every simulator's KV blocks (tokens each, default 16) and pool size (blocks,
+             default 16384), vLLM's flags; each keeps a prefix cache over its pool.
 --admin-token T   the router's admin token (POST /fault_tolerance/event and other control
              endpoints; passed in the environment, not on a command line).
 --routers R  R router replicas (default 1, at most 16) over the same simulators, sharing one
@@ -175,6 +179,8 @@ export async function main(argv: string[]): Promise<void> {
       kv: { type: 'string' },
       'lease-seconds': { type: 'string' },
       'kv-load-failure-policy': { type: 'string' },
+      'block-size': { type: 'string' },
+      'num-gpu-blocks-override': { type: 'string' },
       model: { type: 'string' },
       'admin-token': { type: 'string' },
       routers: { type: 'string' },
@@ -245,6 +251,8 @@ export async function main(argv: string[]): Promise<void> {
     ...(values.model ? ['--model', values.model] : []),
     ...lease,
     ...(values['kv-load-failure-policy'] ? ['--kv-load-failure-policy', values['kv-load-failure-policy']] : []),
+    ...(values['block-size'] ? ['--block-size', values['block-size']] : []),
+    ...(values['num-gpu-blocks-override'] ? ['--num-gpu-blocks-override', values['num-gpu-blocks-override']] : []),
   ]
   const plan = [
     ...Array.from({ length: prefill }, (_, i) => ({ id: `prefill-${i}`, role: 'prefill' })),

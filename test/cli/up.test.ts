@@ -47,8 +47,8 @@ t.test(`handoff up --kv ${mode.kv}${mode.children === 5 ? ' (NIXL here)' : ''} s
 })
 }
 
-t.test('handoff up --lease-seconds: one lease length for engines, agents and the router', async (t) => {
-  const { proc: up, url } = await startUp(t, ['--prefill', '1', '--decode', '1', '--port', '0', '--kv', 'none', '--lease-seconds', '7', '--admin-token', 'admin-token-up-1'])
+t.test('handoff up --lease-seconds and the block flags: one lease length for engines, agents and the router', async (t) => {
+  const { proc: up, url } = await startUp(t, ['--prefill', '1', '--decode', '1', '--port', '0', '--kv', 'none', '--lease-seconds', '7', '--admin-token', 'admin-token-up-1', '--block-size', '32', '--num-gpu-blocks-override', '4096'])
   t.ok(url, 'ready')
   if (!url) return
   const leases = (await get(`${url}/leases`, { authorization: 'Bearer admin-token-up-1' })).json<{ leaseSeconds: number }>()
@@ -56,6 +56,7 @@ t.test('handoff up --lease-seconds: one lease length for engines, agents and the
   const sims = childPids(up.pid).map(args).filter((a) => / sim /.test(a))
   t.equal(sims.length, 2)
   t.ok(sims.every((a) => /--lease-seconds 7/.test(a)), 'and so do the simulators')
+  t.ok(sims.every((a) => /--block-size 32 --num-gpu-blocks-override 4096/.test(a)), "vLLM's block flags reach the simulators")
   up.kill('SIGTERM')
   await once(up, 'exit')
 })

@@ -75,6 +75,7 @@ t.test("KV events in vLLM 0.32's wire form: stored, removed, replayed", async (t
   t.ok(more.length > 0)
 
   // Replay: every buffered batch from the sequence asked for, then the end marker.
+  const published = (await app.inject({ url: '/sim/info' })).json().kvEvents.sequence as number
   const dealer = new Dealer({ linger: 0 })
   t.teardown(() => dealer.close())
   dealer.connect(info.kvEvents.replayEndpoint)
@@ -93,8 +94,9 @@ t.test("KV events in vLLM 0.32's wire form: stored, removed, replayed", async (t
     replayed.push((seq as Buffer).readBigUInt64BE())
     if (replayed.length === 1) t.same(decode(payload as Buffer, { useBigInt64: true }), first[0]?.batch, 'the same bytes as published')
   }
-  const published = (await app.inject({ url: '/sim/info' })).json().kvEvents.sequence as number
-  t.same(replayed, Array.from({ length: published }, (_, i) => BigInt(i)), 'every batch from 0, in order')
+  // Batches still flushing when the request came may follow: at least what was published before.
+  t.ok(replayed.length >= published, `every batch published before the request (${published}), and any since`)
+  t.same(replayed, Array.from({ length: replayed.length }, (_, i) => BigInt(i)), 'from 0, in order, no gap')
 })
 
 t.test('--kv-events-config: vLLM defaults, bad JSON and unknown fields refused, the dp port offset', async (t) => {

@@ -133,14 +133,13 @@ export function buildApp(deps: SimDeps): FastifyInstance {
     ? new KvRegion({ memory: deps.kvMemory, blockSize: config.blockSize, bytesPerToken: config.bytesPerToken, numBlocks: config.numGpuBlocksOverride })
     : KvRegion.allocate({ blockSize: config.blockSize, bytesPerToken: config.bytesPerToken, numBlocks: config.numGpuBlocksOverride })
   const eventsConfig = kvEventsConfigOf(config)
-  // Set once the publisher is open (onReady, below); the pool emits nothing before traffic.
-  const published: { to?: KvEventPublisher } = {}
   const pool = new BlockPool({
     numBlocks: config.numGpuBlocksOverride,
     blockSize: config.blockSize,
     enableCaching: config.enablePrefixCaching,
     hashSeed: Math.floor(random.next() * 0x1_0000_0000),
-    ...(eventsConfig ? { onEvent: (e: BlockEvent) => published.to?.emit(e) } : {}),
+    // ctx.kvEvents is set once the publisher is open (onReady, below); no event comes before traffic.
+    ...(eventsConfig ? { onEvent: (e: BlockEvent) => ctx.kvEvents?.emit(e) } : {}),
   })
   const metrics = createSimMetrics({ registry, model: config.model, kvUsage: () => pool.usedCount / pool.numBlocks })
   const ranks = dataParallelRanks(config, config.engineId ?? `sim-${random.hex(8)}`)
@@ -257,12 +256,11 @@ export function buildApp(deps: SimDeps): FastifyInstance {
         clock,
         log: logger.child({ component: 'kv-events' }),
       })
-      published.to = publisher
       ctx.kvEvents = publisher
       app.log.info({ endpoint: publisher.endpoint, replayEndpoint: publisher.replayEndpoint }, 'publishing KV events')
     })
     app.addHook('onClose', async () => {
-      await published.to?.close()
+      await ctx.kvEvents?.close()
     })
   }
   app.log.info({ engineIds: ranks.map((r) => r.engineId), role: config.role, kv: config.kv, model: config.model }, 'simulator built')

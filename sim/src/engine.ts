@@ -94,7 +94,15 @@ export interface EngineResult {
 interface PromptBlocks {
   blocks: number[]
   hit: number
+  /** The positions the hit covers: hit × blockSize. */
+  cachedTokens: number
   hashes: bigint[]
+}
+
+/** A prompt's output, and how many of its tokens came from this engine's cache. */
+interface Computed {
+  output: number[]
+  cachedTokens: number
 }
 
 /**
@@ -141,7 +149,7 @@ export class SimEngine {
       req.log.warn({ internalId }, 'do_remote_decode sent to a decode-only simulator; serving locally')
     }
 
-    let computed: { output: number[]; cachedTokens: number } | undefined
+    let computed: Computed | undefined
     let mode: ServeMode = 'local'
     let kvLoad: KvLoad | undefined
     if (params?.do_remote_prefill === true) {
@@ -203,8 +211,7 @@ export class SimEngine {
     // spending the prefill (a router retries a 503 elsewhere).
     if (o.kv && !o.kv.ready) throw new SIM_ERR_AGENT_NOT_READY('a prefill leg needs its lease')
     const prompt = this.#acquire(tokens, req.skipReadingPrefixCache)
-    const { blocks } = prompt
-    const cachedTokens = prompt.hit * o.region.blockSize
+    const { blocks, cachedTokens } = prompt
     let output: Finished
     try {
       output = applyStop(await this.#prefill(prompt, tokens, maxTokens, o.prefillDelayMs, req.signal), stop)
@@ -213,12 +220,13 @@ export class SimEngine {
       o.pool.free(blocks)
       throw err
     }
+    const served = { internalId, mode: 'prefill' as const, promptTokens: tokens.length, cachedTokens, reportedCachedTokens: cachedTokens, output }
     if (output.finishReason !== 'length') {
       // vLLM's connector delays the free and returns params only for FINISHED_LENGTH_CAPPED:
       // a stop string, stop token or EOS frees the blocks now and D must prefill again.
       o.pool.free(blocks)
       req.log.info({ internalId, finishReason: output.finishReason, stopReason: output.stopReason }, 'prefill finished by stop: no kv_transfer_params')
-      return { internalId, mode: 'prefill', promptTokens: tokens.length, cachedTokens, reportedCachedTokens: cachedTokens, output, kvTransferParams: null }
+      return { ...served, kvTransferParams: null }
     }
     let expiry: number | null = null
     let host = o.sideChannelHost
@@ -258,7 +266,7 @@ export class SimEngine {
       }
       // The agent's lease deadline is handoff's, not vLLM's: agent mode keeps it.
       if (o.kv) legacy.remote_blocks_expiry_time = expiry
-      return { internalId, mode: 'prefill', promptTokens: tokens.length, cachedTokens, reportedCachedTokens: cachedTokens, output, kvTransferParams: legacy }
+      return { ...served, kvTransferParams: legacy }
     }
     const kvTransferParams = {
       do_remote_prefill: true,
@@ -279,7 +287,7 @@ export class SimEngine {
       // vLLM 0.32's scheduler adds P's prefix hits, for D to report as its cached_tokens.
       remote_prefill_cached_tokens: cachedTokens,
     }
-    return { internalId, mode: 'prefill', promptTokens: tokens.length, cachedTokens, reportedCachedTokens: cachedTokens, output, kvTransferParams }
+    return { ...served, kvTransferParams }
   }
 
   /**
@@ -292,11 +300,12 @@ export class SimEngine {
     const hashes = o.pool.hashes(tokens)
     const maxHit = skipReading ? 0 : Math.floor((tokens.length - 1) / o.region.blockSize)
     const { blocks, hit } = o.pool.acquire(hashes, o.region.blocksFor(tokens.length), maxHit)
+    const cachedTokens = hit * o.region.blockSize
     if (o.pool.enableCaching && !skipReading) {
       o.metrics.prefixCacheQueries.inc(o.metrics.labels, tokens.length)
-      o.metrics.prefixCacheHits.inc(o.metrics.labels, hit * o.region.blockSize)
+      o.metrics.prefixCacheHits.inc(o.metrics.labels, cachedTokens)
     }
-    return { blocks, hit, hashes }
+    return { blocks, hit, cachedTokens, hashes }
   }
 
   /**
@@ -305,7 +314,7 @@ export class SimEngine {
    */
   async #prefill(prompt: PromptBlocks, tokens: Uint32Array, maxTokens: number, delayMs: number, signal: AbortSignal): Promise<number[]> {
     const o = this.#o
-    const from = prompt.hit * o.region.blockSize
+    const from = prompt.cachedTokens
     await sleep(o.clock, (delayMs * (tokens.length - from)) / tokens.length, signal)
     const output = prefillAndGenerate(o.region, prompt.blocks, tokens, maxTokens, from)
     o.pool.cache(prompt.blocks, prompt.hashes, tokens, prompt.hit)
@@ -313,11 +322,11 @@ export class SimEngine {
   }
 
   /** Prefill here, generate, free: the blocks stay cached, the engine keeps only the output. */
-  async #computeLocally(tokens: Uint32Array, maxTokens: number, delayMs: number, req: EngineRequest): Promise<{ output: number[]; cachedTokens: number }> {
+  async #computeLocally(tokens: Uint32Array, maxTokens: number, delayMs: number, req: EngineRequest): Promise<Computed> {
     const o = this.#o
     const prompt = this.#acquire(tokens, req.skipReadingPrefixCache)
     try {
-      return { output: await this.#prefill(prompt, tokens, maxTokens, delayMs, req.signal), cachedTokens: prompt.hit * o.region.blockSize }
+      return { output: await this.#prefill(prompt, tokens, maxTokens, delayMs, req.signal), cachedTokens: prompt.cachedTokens }
     } finally {
       o.pool.free(prompt.blocks)
     }
@@ -331,7 +340,7 @@ export class SimEngine {
    * transport (it frees them once no READ can write into them); this frees the hit's
    * references, and every block of a pull that succeeded.
    */
-  async #pullAndGenerate(kv: KvTransport, remote: RemoteKv, req: EngineRequest, internalId: string): Promise<{ output: number[]; cachedTokens: number } | { recompute: string }> {
+  async #pullAndGenerate(kv: KvTransport, remote: RemoteKv, req: EngineRequest, internalId: string): Promise<Computed | { recompute: string }> {
     const o = this.#o
     const { tokens, maxTokens } = req.input
     const n = o.region.blocksFor(tokens.length)
@@ -343,8 +352,7 @@ export class SimEngine {
       failure = new Error(`P exported ${remote.blockIds.length} block ids, the prompt needs ${n}`)
     } else {
       await this.#queue(kv, remote, req.signal)
-      const { blocks, hit, hashes } = this.#acquire(tokens, req.skipReadingPrefixCache)
-      const cachedTokens = hit * o.region.blockSize
+      const { blocks, hit, cachedTokens, hashes } = this.#acquire(tokens, req.skipReadingPrefixCache)
       try {
         const tail = { ...remote, blockIds: remote.blockIds.slice(hit, n) }
         await kv.pull({ requestId: internalId, remote: tail, localBlocks: blocks.slice(hit), numTokens: tokens.length - cachedTokens, signal: req.signal })

@@ -87,7 +87,6 @@ export class KvEventPublisher {
   readonly #topic: Buffer
   readonly #buffer: { seq: bigint; payload: Uint8Array }[] = []
   #pending: BlockEvent[] = []
-  #flushing = false
   #seq = 0n
   #sending: Promise<void> = Promise.resolve()
   #dropped = 0
@@ -146,15 +145,11 @@ export class KvEventPublisher {
       if (this.#dropped++ === 0) this.#o.log.warn({ maxQueueSize: this.#o.config.max_queue_size }, 'KV event queue full: dropping events (a subscriber sees a gap and replays)')
       return
     }
-    this.#pending.push(event)
-    if (!this.#flushing) {
-      this.#flushing = true
-      setImmediate(() => this.#flush())
-    }
+    // The turn's first event schedules the flush of all of them.
+    if (this.#pending.push(event) === 1) setImmediate(() => this.#flush())
   }
 
   #flush(): void {
-    this.#flushing = false
     const events = this.#pending
     this.#pending = []
     if (events.length === 0 || this.#closed) return

@@ -10,12 +10,31 @@ const SHARED = words('shared', 60)
 
 type App = ReturnType<typeof build>['app']
 
-async function complete(app: App, prompt: string, extra: Record<string, unknown> = {}): Promise<{ text: string; cached: number | undefined; ms: number; body: Record<string, unknown> }> {
-  const started = performance.now()
+async function complete(app: App, prompt: string, extra: Record<string, unknown> = {}): Promise<{ text: string; cached: number | undefined; body: Record<string, unknown> }> {
   const r = await app.inject({ method: 'POST', url: '/v1/completions', payload: { model: MODEL, prompt, max_tokens: 5, ...extra } })
   if (r.statusCode !== 200) throw new Error(`${r.statusCode} ${r.body}`)
   const body = r.json()
-  return { text: body.choices[0].text, cached: body.usage.prompt_tokens_details?.cached_tokens, ms: performance.now() - started, body }
+  return { text: body.choices[0].text, cached: body.usage.prompt_tokens_details?.cached_tokens, body }
+}
+
+/**
+ * How long `request` sleeps on the engine's ManualClock: waits for its timer, then advances a
+ * millisecond at a time until it settles (bounded by `maxMs`). Simulated time, so a loaded
+ * machine cannot change the answer.
+ */
+async function simulatedMs<T>(clock: ManualClock, request: Promise<T>, maxMs: number): Promise<{ ms: number; value: T }> {
+  let settled: { value: T } | undefined
+  void request.then((value) => (settled = { value }))
+  const turn = (): Promise<void> => new Promise((r) => setImmediate(r))
+  for (let i = 0; i < 1000 && !settled && clock.pendingTimers === 0; i++) await turn()
+  let ms = 0
+  while (!settled && ms < maxMs) {
+    clock.advance(1)
+    ms++
+    for (let i = 0; i < 5 && !settled; i++) await turn()
+  }
+  if (!settled) throw new Error(`not settled within ${maxMs} simulated ms`)
+  return { ms, value: settled.value }
 }
 
 async function metric(app: App, name: string): Promise<number> {
@@ -26,22 +45,25 @@ async function metric(app: App, name: string): Promise<number> {
 }
 
 t.test('a shared prefix hits the cache: cached_tokens, metrics, a shorter prefill, the same text', async (t) => {
-  const { app } = build(t, { enablePromptTokensDetails: true, prefillDelayMs: 600 })
+  const clock = new ManualClock()
+  const { app } = build(t, { enablePromptTokensDetails: true, prefillDelayMs: 600 }, { clock })
   const a = `${SHARED} and then question one`
   const b = `${SHARED} but another question here`
   const shared = tokenize(SHARED).length
-  const first = await complete(app, a)
+  const cold = await simulatedMs(clock, complete(app, a), 700)
+  const first = cold.value
   t.equal(first.cached, 0, 'a cold prompt')
   t.equal(first.text, oracleText({ kind: 'completion', prompt: a, maxTokens: 5 }))
-  t.ok(first.ms >= 550, `a cold prefill takes the whole delay (${first.ms.toFixed(0)} ms)`)
-  const second = await complete(app, b)
+  t.equal(cold.ms, 600, 'a cold prefill takes the whole delay')
+  const warm = await simulatedMs(clock, complete(app, b), 700)
+  const second = warm.value
   const want = Math.floor(shared / 16) * 16
   t.equal(second.cached, want, `the full blocks of the shared ${shared} tokens`)
   t.equal(second.text, oracleText({ kind: 'completion', prompt: b, maxTokens: 5 }), 'cached KV gives the oracle text')
   const nb = tokenize(b).length
-  t.ok(second.ms < 600 * ((nb - want) / nb) + 250, `the prefill pays for the uncached share only (${second.ms.toFixed(0)} ms)`)
+  t.equal(warm.ms, Math.ceil((600 * (nb - want)) / nb), `the prefill pays for the uncached share only (${nb - want} of ${nb} tokens)`)
   // The same prompt again: all but its last token could hit, capped to full blocks.
-  const again = await complete(app, b)
+  const again = (await simulatedMs(clock, complete(app, b), 700)).value
   t.equal(again.cached, Math.floor((nb - 1) / 16) * 16)
   t.equal(again.text, second.text)
 
@@ -53,7 +75,7 @@ t.test('a shared prefix hits the cache: cached_tokens, metrics, a shorter prefil
   t.equal(await metric(app, 'vllm:kv_cache_usage_perc'), 0, 'cached free blocks are not in use')
 
   // prompt_logprobs need every position computed: vLLM skips reading the cache (no query counted).
-  const logprobs = await complete(app, b, { prompt_logprobs: 0 })
+  const logprobs = (await simulatedMs(clock, complete(app, b, { prompt_logprobs: 0 }), 700)).value
   t.equal(logprobs.cached, 0)
   t.equal(await metric(app, 'vllm:prefix_cache_queries_total'), na + 2 * nb)
 })

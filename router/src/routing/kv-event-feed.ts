@@ -1,0 +1,208 @@
+import type { Logger } from 'pino'
+import type { Dealer, Subscriber } from 'zeromq'
+import { decodeKvBatch, KvEventsWireError, readSequence } from './kv-events-wire.js'
+import type { Applied, PrefixIndex } from './prefix-index.js'
+
+/*
+ * One engine's KV events into the prefix index (issue 39 part 2): a SUB socket on the engine's
+ * `endpoint`, and a DEALER on its `replay_endpoint` to fill gaps, as vLLM 0.32's
+ * ZmqEventPublisher serves them (vllm/distributed/kv_events.py `_service_replay`: a request
+ * `["", start_seq]`, answered by every buffered batch from there as `["", topic, seq, payload]`,
+ * then `["", "", -1, ""]`).
+ *
+ * What the index may believe:
+ * - Joining late is safe: blocks stored before it joined are unknown (a lower prediction,
+ *   never a false hit), so the feed asks for the publisher's whole buffer once, from 0.
+ * - A gap is not: the lost batches may hold BlockRemoved, and the index would send prompts to
+ *   blocks that are gone. A gap is replayed; if the replay cannot fill it (the publisher's
+ *   buffer moved past it, no replay endpoint, no answer in time) or a batch cannot be read,
+ *   the engine's index is purged and built again from what follows.
+ * - Live batches that arrive while a replay runs are held and applied after it, in order.
+ * - The SUB socket's receive high-water mark bounds what waits in this process; past it ZMQ
+ *   drops, which is a gap like any other.
+ */
+
+export interface KvEventFeedOptions {
+  /** The index key: the engine (an instance id, with its data-parallel rank past rank 0). */
+  key: string
+  endpoint: string
+  replayEndpoint?: string | undefined
+  topic?: string
+  index: PrefixIndex
+  log: Logger
+  /** How long a replay may take before the gap counts as unfillable. */
+  replayTimeoutMs?: number
+  /** Batches held by the SUB socket before ZMQ drops (default 10,000). */
+  receiveHighWaterMark?: number
+  /** Each batch applied (for metrics). */
+  onApplied?: (applied: Applied) => void
+}
+
+export interface KvEventFeedStats {
+  batches: number
+  gaps: number
+  replays: number
+  /** The index was purged: a gap that could not be filled, or a batch that could not be read. */
+  purges: number
+  wireErrors: number
+}
+
+type Zmq = typeof import('zeromq')
+
+const END_SEQ = -1n
+const seqFrame = (seq: bigint): Buffer => {
+  const b = Buffer.alloc(8)
+  b.writeBigInt64BE(seq)
+  return b
+}
+
+export class KvEventFeed {
+  readonly #o: KvEventFeedOptions
+  readonly #sub: Subscriber
+  readonly #zmq: Zmq
+  #dealer: Dealer | undefined
+  /** The last sequence applied; undefined before the first. */
+  #last: bigint | undefined
+  #replaying = false
+  #held: { seq: bigint; payload: Buffer }[] = []
+  #closed = false
+  readonly stats: KvEventFeedStats = { batches: 0, gaps: 0, replays: 0, purges: 0, wireErrors: 0 }
+
+  private constructor(o: KvEventFeedOptions, zmq: Zmq) {
+    this.#o = o
+    this.#zmq = zmq
+    this.#sub = new zmq.Subscriber({ linger: 0, receiveHighWaterMark: o.receiveHighWaterMark ?? 10_000 })
+    this.#sub.connect(o.endpoint)
+    this.#sub.subscribe(o.topic ?? '')
+    this.#renewDealer()
+  }
+
+  #renewDealer(): void {
+    this.#dealer?.close()
+    const endpoint = this.#o.replayEndpoint
+    if (!endpoint) return
+    this.#dealer = new this.#zmq.Dealer({ linger: 0, receiveTimeout: this.#o.replayTimeoutMs ?? 5000 })
+    this.#dealer.connect(endpoint)
+  }
+
+  /** Connects (ZMQ connects lazily: an engine not up yet is dialled until it is). zeromq loads only here. */
+  static async open(o: KvEventFeedOptions): Promise<KvEventFeed> {
+    const feed = new KvEventFeed(o, await import('zeromq'))
+    void feed.#run()
+    return feed
+  }
+
+  /** The sequence of the last batch applied. */
+  get sequence(): bigint | undefined {
+    return this.#last
+  }
+
+  close(): void {
+    this.#closed = true
+    this.#sub.close()
+    this.#dealer?.close()
+  }
+
+  async #run(): Promise<void> {
+    // A replay of what the publisher holds, before the first live batch: it may be idle for long.
+    if (this.#dealer) await this.#fill(0n, false)
+    try {
+      for await (const frames of this.#sub) {
+        const seq = this.#sequenceOf(frames[1])
+        if (seq !== undefined) await this.#live(seq, frames[2] as Buffer)
+      }
+    } catch (err) {
+      if (!this.#closed) this.#o.log.warn({ err, engine: this.#o.key }, 'KV event feed stopped')
+    }
+  }
+
+  #sequenceOf(frame: Buffer | undefined): bigint | undefined {
+    try {
+      return readSequence(frame ?? Buffer.alloc(0))
+    } catch (err) {
+      this.#wireError(err)
+      return undefined
+    }
+  }
+
+  async #live(seq: bigint, payload: Buffer): Promise<void> {
+    if (this.#replaying) {
+      this.#held.push({ seq, payload })
+      return
+    }
+    const last = this.#last
+    if (last !== undefined && seq <= last) return // already applied (replayed)
+    if (last !== undefined && seq > last + 1n) {
+      this.stats.gaps++
+      this.#held.push({ seq, payload })
+      await this.#fill(last + 1n, true)
+      return
+    }
+    this.#apply(seq, payload)
+  }
+
+  /**
+   * Replays from `from`. `mustFill`: a gap, so a replay that does not start at `from` (or
+   * does not answer) purges the engine's index.
+   */
+  async #fill(from: bigint, mustFill: boolean): Promise<void> {
+    this.#replaying = true
+    let filled = false
+    try {
+      if (this.#dealer) {
+        this.stats.replays++
+        await this.#dealer.send(['', seqFrame(from)])
+        let first = true
+        // Read to the end marker, whatever it holds, so the next replay starts clean.
+        for (;;) {
+          const frames = await this.#dealer.receive()
+          const seq = this.#sequenceOf(frames[2])
+          if (seq === undefined || seq === END_SEQ) {
+            if (first && !mustFill) filled = true // nothing buffered: nothing missed either
+            break
+          }
+          if (first) filled = seq === from || !mustFill
+          first = false
+          if (filled && (this.#last === undefined || seq > this.#last)) this.#apply(seq, frames[3] as Buffer)
+        }
+      }
+    } catch (err) {
+      if (this.#closed) return
+      this.#o.log.warn({ err, engine: this.#o.key, from: String(from) }, 'KV event replay failed')
+      // A late answer must not be read as the next replay's: a new socket.
+      this.#renewDealer()
+    }
+    if (mustFill && !filled) this.#purge(`gap at ${from} not filled by replay`)
+    this.#replaying = false
+    const held = this.#held.sort((a, b) => (a.seq < b.seq ? -1 : a.seq > b.seq ? 1 : 0))
+    this.#held = []
+    // After a purge the index starts again from the first batch held.
+    if (mustFill && !filled && held[0]) this.#last = held[0].seq - 1n
+    for (const h of held) await this.#live(h.seq, h.payload)
+  }
+
+  #apply(seq: bigint, payload: Buffer): void {
+    this.#last = seq
+    this.stats.batches++
+    let events
+    try {
+      events = decodeKvBatch(payload).events
+    } catch (err) {
+      this.#wireError(err)
+      this.#purge('a batch could not be read')
+      return
+    }
+    const applied = this.#o.index.apply(this.#o.key, events)
+    this.#o.onApplied?.(applied)
+  }
+
+  #purge(why: string): void {
+    this.stats.purges++
+    this.#o.index.purge(this.#o.key)
+    this.#o.log.warn({ engine: this.#o.key, why }, 'prefix index of the engine purged')
+  }
+
+  #wireError(err: unknown): void {
+    if (this.stats.wireErrors++ === 0) this.#o.log.warn({ err: err instanceof KvEventsWireError ? err.message : err, engine: this.#o.key }, 'KV event message not understood')
+  }
+}

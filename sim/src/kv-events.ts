@@ -1,6 +1,7 @@
 import { encode } from '@msgpack/msgpack'
 import type { Logger } from 'pino'
 import type { Clock } from '../../common/clock.js'
+import { END_SEQUENCE, sequenceFrame } from '../../common/kv-sequence.js'
 import type { KvEventsConfig } from '../../schemas/kv-events.js'
 import type { BlockEvent } from './block-pool.js'
 
@@ -159,7 +160,7 @@ export class KvEventPublisher {
     const seq = this.#seq++
     this.#buffer.push({ seq, payload })
     if (this.#buffer.length > this.#o.config.buffer_steps) this.#buffer.shift()
-    this.#send(this.#pub, [this.#topic, seqBytes(seq), payload])
+    this.#send(this.#pub, [this.#topic, sequenceFrame(seq), payload])
   }
 
   /** zeromq allows one send in flight per socket: sends queue behind each other. */
@@ -183,9 +184,9 @@ export class KvEventPublisher {
         }
         const from = start.readBigUInt64BE()
         for (const { seq, payload } of this.#buffer) {
-          if (seq >= from) this.#send(replay, [id, Buffer.alloc(0), this.#topic, seqBytes(seq), payload])
+          if (seq >= from) this.#send(replay, [id, Buffer.alloc(0), this.#topic, sequenceFrame(seq), payload])
         }
-        this.#send(replay, [id, Buffer.alloc(0), Buffer.alloc(0), END_SEQ, Buffer.alloc(0)])
+        this.#send(replay, [id, Buffer.alloc(0), Buffer.alloc(0), sequenceFrame(END_SEQUENCE), Buffer.alloc(0)])
       }
     } catch (err) {
       if (!this.#closed) this.#o.log.warn({ err }, 'KV event replay socket failed')
@@ -202,15 +203,5 @@ export class KvEventPublisher {
   }
 }
 
-const seqBytes = (seq: bigint): Buffer => {
-  const b = Buffer.alloc(8)
-  b.writeBigUInt64BE(seq)
-  return b
-}
 
 /** The replay's end marker: -1 as 8 signed big-endian bytes. */
-const END_SEQ = ((): Buffer => {
-  const b = Buffer.alloc(8)
-  b.writeBigInt64BE(-1n)
-  return b
-})()

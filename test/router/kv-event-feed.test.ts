@@ -5,6 +5,7 @@ import { KvEventFeed } from '../../router/src/routing/kv-event-feed.js'
 import { PrefixIndex } from '../../router/src/routing/prefix-index.js'
 import { tokenize } from '../../sim/src/tokenizer.js'
 import { get, post, startSim, type Teardown } from '../helpers/cluster.js'
+import { within } from '../helpers/pd-agents.js'
 
 /*
  * Issue 39 part 2: one engine's KV events into the router's prefix index, against a real
@@ -38,13 +39,11 @@ async function cachedTokens(url: string, prompt: string): Promise<number> {
 
 /** Waits until the feed has applied everything the engine published (bounded). */
 async function caughtUp(url: string, feed: KvEventFeed, ms = 5000): Promise<boolean> {
-  const until = performance.now() + ms
-  while (performance.now() < until) {
+  const applied = async (): Promise<boolean> => {
     const published = (await get(`${url}/sim/info`)).json<Info>().kvEvents.sequence
-    if (published === 0 || feed.sequence === BigInt(published - 1)) return true
-    await new Promise((r) => setTimeout(r, 20))
+    return published === 0 || feed.sequence === BigInt(published - 1)
   }
-  return false
+  return (await within(ms, applied)) >= 0
 }
 
 /**

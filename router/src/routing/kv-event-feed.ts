@@ -1,5 +1,6 @@
 import type { Logger } from 'pino'
 import type { Dealer, Subscriber } from 'zeromq'
+import { END_SEQUENCE, sequenceFrame } from '../../../common/kv-sequence.js'
 import { decodeKvBatch, KvEventsWireError, readSequence } from './kv-events-wire.js'
 import type { Applied, PrefixIndex } from './prefix-index.js'
 
@@ -49,12 +50,6 @@ export interface KvEventFeedStats {
 
 type Zmq = typeof import('zeromq')
 
-const END_SEQ = -1n
-const seqFrame = (seq: bigint): Buffer => {
-  const b = Buffer.alloc(8)
-  b.writeBigInt64BE(seq)
-  return b
-}
 
 export class KvEventFeed {
   readonly #o: KvEventFeedOptions
@@ -151,13 +146,13 @@ export class KvEventFeed {
     try {
       if (this.#dealer) {
         this.stats.replays++
-        await this.#dealer.send(['', seqFrame(from)])
+        await this.#dealer.send(['', sequenceFrame(from)])
         let first = true
         // Read to the end marker, whatever it holds, so the next replay starts clean.
         for (;;) {
           const frames = await this.#dealer.receive()
           const seq = this.#sequenceOf(frames[2])
-          if (seq === undefined || seq === END_SEQ) {
+          if (seq === undefined || seq === END_SEQUENCE) {
             if (first && !mustFill) filled = true // nothing buffered: nothing missed either
             break
           }
@@ -174,7 +169,8 @@ export class KvEventFeed {
     }
     if (mustFill && !filled) this.#purge(`gap at ${from} not filled by replay`)
     this.#replaying = false
-    const held = this.#held.sort((a, b) => (a.seq < b.seq ? -1 : a.seq > b.seq ? 1 : 0))
+    // One publisher's batches arrive in sequence order, so the held ones already are.
+    const held = this.#held
     this.#held = []
     // After a purge the index starts again from the first batch held.
     if (mustFill && !filled && held[0]) this.#last = held[0].seq - 1n

@@ -2,7 +2,7 @@ import { type ChildProcess, execFileSync, spawn } from 'node:child_process'
 import { once } from 'node:events'
 import { createWriteStream, mkdtempSync, readFileSync, rmSync } from 'node:fs'
 import { availableParallelism, tmpdir } from 'node:os'
-import { join } from 'node:path'
+import { delimiter, join } from 'node:path'
 import { setTimeout as sleep } from 'node:timers/promises'
 import { request } from 'undici'
 import { packageRoot } from '../common/paths.js'
@@ -36,6 +36,16 @@ export interface VllmOptions {
    */
   handoff?: { routerUrls: string[]; token?: string }
 }
+
+/**
+ * The test engines' Python startup hook (bench/vllm-site/sitecustomize.py): NIXL's Python agent
+ * hard-codes its progress thread's delay to 0, so each engine's UCX progress thread busy-polls a
+ * whole core, even idle (measured: 1.00 CPU-s per second for one idle prefiller, 0.04 with the
+ * hook). On a 2-core machine that halves what the engines themselves get.
+ */
+const siteDir = join(packageRoot, 'bench/vllm-site')
+/** The progress thread's poll timeout with the hook: it still wakes at once on UCX's event fds. */
+const NIXL_PROGRESS_DELAY_US = 1000
 
 /** The connector package's folder (what `pip install ./transfer-agent/vllm` installs). */
 export const connectorDir = join(packageRoot, 'transfer-agent/vllm')
@@ -115,7 +125,11 @@ export class VllmEngine extends ScrapedEngine {
       UCX_NET_DEVICES: 'lo',
       VLLM_NIXL_SIDE_CHANNEL_HOST: '127.0.0.1',
       VLLM_NIXL_SIDE_CHANNEL_PORT: String(this.sidePort),
-      ...(handoff ? { PYTHONPATH: connectorDir, ...(handoff.token ? { HANDOFF_AGENT_TOKEN: handoff.token } : {}) } : {}),
+      // bench/vllm-site/sitecustomize.py: NIXL's progress thread waits for UCX events instead of
+      // spinning a core per engine (0 keeps NIXL's busy loop).
+      PYTHONPATH: [siteDir, ...(handoff ? [connectorDir] : [])].join(delimiter),
+      HANDOFF_NIXL_PROGRESS_DELAY_US: process.env.HANDOFF_NIXL_PROGRESS_DELAY_US ?? String(NIXL_PROGRESS_DELAY_US),
+      ...(handoff?.token ? { HANDOFF_AGENT_TOKEN: handoff.token } : {}),
     }
     const log = createWriteStream(this.logFile, { flags: 'a' })
     await once(log, 'open')

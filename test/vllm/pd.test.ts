@@ -97,6 +97,8 @@ for (const backend of backends) t.test(`the router in front of ${backend.name} P
     // An engine's first logprobs answer took 10-30 s here (the first logprobs pass), too
     // close to the lease for a decode leg: each engine warms that path on a request of its own.
     for (const e of backend.real ? [P, D] : []) {
+      // bench/vllm-site: without it each engine's NIXL progress thread spins a core.
+      t.match(e.tail(1_000_000), /handoff: NIXL progress thread delay [1-9]\d* us/, `${e.name}'s NIXL progress thread waits instead of spinning`)
       const warmed = await call(e.url, '/v1/completions', { model: MODEL, prompt: prompt('lpwarm'), max_tokens: 2, temperature: 0, logprobs: 2, echo: true })
       t.comment(`${e.name}'s own logprobs warm-up: ${warmed.status} after ${Math.round(performance.now() - started)} ms`)
     }
@@ -285,7 +287,7 @@ for (const backend of backends) t.test(`the router in front of ${backend.name} P
     }
     const events = sseEvents(text.slice(0, text.lastIndexOf('\n\n') + 2))
     t.equal(events.at(-1), '[DONE]', 'the stream ends')
-    t.match(events.at(-2), { error: { code: /^RTR_ERR_UPSTREAM_/ } }, 'after a coded error event')
+    t.match(events.at(-2), { error: { code: /^RTR_ERR_UPSTREAM_/ } }, 'after a coded error event', { last: events.slice(-3), events: events.length })
     await D.stop()
     await D.launch()
     // Until the probes put D back, and its first handoff (a new NIXL handshake) may come

@@ -44,7 +44,10 @@ export interface VllmOptions {
  * hook). On a 2-core machine that halves what the engines themselves get.
  */
 const siteDir = join(packageRoot, 'bench/vllm-site')
-/** The progress thread's poll timeout with the hook: it still wakes at once on UCX's event fds. */
+/**
+ * The progress thread's poll timeout with the hook. Not read in NIXL's source: measured, the
+ * vLLM files ran faster with it (docs/testing.md), so transfers did not wait on it.
+ */
 const NIXL_PROGRESS_DELAY_US = 1000
 
 /** The connector package's folder (what `pip install ./transfer-agent/vllm` installs). */

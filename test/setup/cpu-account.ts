@@ -18,6 +18,7 @@ if (logFile && file.endsWith('.test.ts')) {
       // /proc/self/stat: fields after the command's ')' start at field 3; utime is field 14.
       const stat = readFileSync('/proc/self/stat', 'utf8')
       const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ')
+      // In clock ticks: 100 per second on Linux (USER_HZ).
       const seconds = (field: number): number => Number(fields[field - 3]) / 100
       const line = {
         file: relative(packageRoot, file),

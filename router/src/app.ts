@@ -1,6 +1,7 @@
 import { randomUUID } from 'node:crypto'
 import type { Server } from 'node:http'
 import Fastify, { type FastifyBaseLogger, type FastifyError, type FastifyInstance } from 'fastify'
+import { processSchemaController } from '../../common/schema-compilers.js'
 import { systemClock, type Clock } from '../../common/clock.js'
 import { limitJsonDepth } from '../../common/json-body.js'
 import { loggerOptions, withRequestSerializers } from '../../common/logger.js'
@@ -99,6 +100,8 @@ export async function buildApp(deps: RouterDeps): Promise<FastifyInstance> {
     return503OnClosing: false,
     // Requests are forwarded as sent: never coerce, strip or default a field.
     ajv: { customOptions: { coerceTypes: false, removeAdditional: false, useDefaults: false, allErrors: false } },
+    // Each schema compiled once per process, not once per app and route (common/schema-compilers.ts).
+    schemaController: processSchemaController,
   })
   for (const s of sharedSchemas) app.addSchema(s)
   // Only JSON is accepted: without this, text/plain would be parsed as a string and fail

@@ -2,6 +2,7 @@ import { createHash, timingSafeEqual } from 'node:crypto'
 import Fastify, { type FastifyBaseLogger, type FastifyError, type FastifyInstance } from 'fastify'
 import { pino, type Logger } from 'pino'
 import { Registry } from 'prom-client'
+import { processSchemaController } from '../../common/schema-compilers.js'
 import { systemClock, type Clock } from '../../common/clock.js'
 import { loggerOptions } from '../../common/logger.js'
 import { systemRandom, type Random } from '../../common/random.js'
@@ -126,6 +127,8 @@ export function buildApp(deps: SimDeps): FastifyInstance {
       // the router bugs it exists to expose.
       customOptions: { removeAdditional: false, coerceTypes: false, useDefaults: false, allErrors: false },
     },
+    // Each schema compiled once per process, not once per app and route (common/schema-compilers.ts).
+    schemaController: processSchemaController,
   })
   for (const s of sharedSchemas) app.addSchema(s)
 

@@ -1,3 +1,4 @@
+import { processSchemaController } from '../../common/schema-compilers.js'
 import { bearerChecker } from '../../common/bearer.js'
 import { limitJsonDepth } from '../../common/json-body.js'
 import { redactQuery, withRequestSerializers } from '../../common/logger.js'
@@ -38,6 +39,8 @@ export function buildAgentApp(deps: AgentAppDeps): FastifyInstance {
     bodyLimit: 16 * 1024 * 1024,
     disableRequestLogging: true,
     ajv: { customOptions: { removeAdditional: false, coerceTypes: false, useDefaults: true, allErrors: false } },
+    // Each schema compiled once per process, not once per app and route (common/schema-compilers.ts).
+    schemaController: processSchemaController,
   })
   for (const s of sharedSchemas) app.addSchema(s)
   limitJsonDepth(app)

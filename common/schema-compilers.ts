@@ -15,7 +15,8 @@ import SerializerSelector from '@fastify/fast-json-stringify-compiler'
  * object), and one serializer per (shared schemas, options, response schema object). Route
  * schemas are module constants, so the same object means the same schema. Only the headers
  * part compiles differently under a custom compiler (fastify does not lower-case its property
- * names then); no route here names a header.
+ * names then); no route's headers schema names a property (sim/src/routes/sim-admin.ts has
+ * the only one, an empty object).
  */
 const buildValidator = AjvCompiler()
 const serializerFactory = SerializerSelector()
@@ -23,14 +24,13 @@ const serializerPools = new Map<string, WeakMap<object, SerializerSelector.Seria
 
 const buildSerializer: SerializerSelector.SerializerFactory = (externalSchemas, options) => {
   const key = `${JSON.stringify(externalSchemas ?? {})}${JSON.stringify(options ?? {})}`
-  let pool = serializerPools.get(key)
-  if (!pool) serializerPools.set(key, (pool = new WeakMap()))
+  const pool = serializerPools.get(key) ?? new WeakMap<object, SerializerSelector.Serializer>()
+  serializerPools.set(key, pool)
   const compile = serializerFactory(externalSchemas, options)
-  const known = pool
   return (route) => {
     const schema = route.schema as object
-    let serialize = known.get(schema)
-    if (!serialize) known.set(schema, (serialize = compile(route)))
+    let serialize = pool.get(schema)
+    if (!serialize) pool.set(schema, (serialize = compile(route)))
     return serialize
   }
 }

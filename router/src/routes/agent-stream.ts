@@ -167,12 +167,21 @@ export const agentStreamRoutes: FastifyPluginAsync<AgentStreamOptions> = async (
       let overflowed = false
       let reading = false
       let res: ServerResponse | undefined
+      // Whether the socket took anything since the last keep-alive tick.
+      let moved = true
+      // Called as each frame goes out to the kernel: the socket may hold room again. 'drain'
+      // would not do: it comes only once a write passed the socket's high-water mark, which
+      // can be above `limit` (64 KiB by default from Node 22).
+      const flushed = (): void => {
+        moved = true
+        if (res && res.writableLength <= limit) void pump()
+      }
       const write = (event: RouterEvent): void => {
         if (event.seq <= sent && event.type !== 'snapshot') return
         sent = Math.max(sent, event.seq)
-        ;(res as ServerResponse).write(frame(event))
+        ;(res as ServerResponse).write(frame(event), flushed)
       }
-      // Writes while the socket holds at most `limit` unsent; 'drain' calls it again.
+      // Writes while the socket holds at most `limit` unsent; each frame's flush calls it again.
       const pump = async (): Promise<void> => {
         if (reading) return
         reading = true
@@ -235,19 +244,12 @@ export const agentStreamRoutes: FastifyPluginAsync<AgentStreamOptions> = async (
       events.agents.streamOpened(agentId)
       opts.presence?.opened(agentId)
       open.add(raw)
-      let drained = true
-      raw.on('drain', () => {
-        drained = true
-        void pump()
-      })
       void pump()
       const keepAlive = setInterval(() => {
         // Took nothing for a whole interval with its buffer full: the reader is stuck or gone.
-        if (raw.writableLength > limit && !drained) return cut(raw, 'stalled')
-        drained = raw.writableLength <= limit
+        if (raw.writableLength > limit && !moved) return cut(raw, 'stalled')
+        moved = false
         if (raw.writableLength === 0 && queued.length === 0 && !gap) raw.write(': keep-alive\n\n')
-        // Below the socket's own high-water mark a write never asks for 'drain': go on from here.
-        else if (drained) void pump()
       }, opts.keepAliveMs)
       keepAlive.unref()
       raw.once('close', () => {

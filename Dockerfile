@@ -1,5 +1,5 @@
 # The handoff image: one image for the router (`handoff router`, the default command) and the
-# transfer agent (`handoff agent`), on Node 20, with NIXL's C API and UCX taken from the
+# transfer agent (`handoff agent`), on Node 24 LTS, with NIXL's C API and UCX taken from the
 # nixl-cu12 wheel (docs/native.md). It runs as UID 10001, the user the Helm chart expects.
 #
 #   docker build -t registry.example.com/handoff:0.1.0 .
@@ -10,7 +10,7 @@
 # Debian's mirrors.
 
 # Both stages use the same base, so the addon is built against the Node that runs it.
-ARG NODE_IMAGE=node:20-bookworm-slim
+ARG NODE_IMAGE=node:24-bookworm-slim
 
 # ---------------------------------------------------------------------------------------------
 FROM ${NODE_IMAGE} AS build
@@ -28,8 +28,9 @@ RUN apt-get update \
 WORKDIR /app
 
 # Dependencies first: this layer is reused while the lockfile is unchanged. `prepare` is run
-# below in its three steps instead, so a source change does not fetch NIXL again. No
-# dependency has an install script of its own (package-lock.json: no hasInstallScript).
+# below in its three steps instead, so a source change does not fetch NIXL again. Skipping the
+# dependencies' install scripts loses nothing: zeromq's (the only runtime one; esbuild's is a dev
+# tool's) builds its addon only when none of the prebuilt ones it ships (build/linux/x64) loads.
 COPY package.json package-lock.json ./
 RUN npm ci --ignore-scripts --no-audit --no-fund
 

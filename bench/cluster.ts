@@ -4,8 +4,11 @@ import { spawnService, type SpawnedService } from '../common/spawn.js'
 export interface BenchCluster {
   p: SpawnedService
   d: SpawnedService
-  /** Starts a router process over the pair; `entry` runs another build's CLI (a baseline). */
-  router(entry?: string): Promise<SpawnedService>
+  /**
+   * Starts a router process over the pair; `entry` runs another build's CLI and `node` another
+   * Node binary (a baseline).
+   */
+  router(entry?: string, node?: string): Promise<SpawnedService>
   /** Keeps `s` to be stopped with the cluster. */
   own(s: SpawnedService): SpawnedService
   stop(): Promise<void>
@@ -28,8 +31,8 @@ export async function startBenchCluster(opts: { decodeDelayMs?: number; decodeAr
     p,
     d,
     own,
-    router: (entry) =>
-      spawnService({ ...(entry ? { entry } : {}), args: ['router', '--port', '0', '--log-level', 'warn'], env: { ...process.env, ...opts.routerEnv, HANDOFF_INSTANCES: instances } }).then(own),
+    router: (entry, node) =>
+      spawnService({ ...(entry ? { entry } : {}), ...(node ? { node } : {}), args: ['router', '--port', '0', '--log-level', 'warn'], env: { ...process.env, ...opts.routerEnv, HANDOFF_INSTANCES: instances } }).then(own),
     stop: async () => {
       await Promise.all(services.map((s) => s.stop()))
     },

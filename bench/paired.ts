@@ -6,13 +6,16 @@ import { closedLoop, percentile } from './load.js'
 import { promptOfSize } from './overhead.js'
 import { cpuSeconds } from './proc-stats.js'
 
-const USAGE = `usage: handoff bench paired --baseline PATH/dist/cli/main.js [--size BYTES] [--concurrency N] [--rounds N] [--seconds S]
+const USAGE = `usage: handoff bench paired --baseline PATH/dist/cli/main.js [--baseline-node PATH/bin/node] [--size BYTES] [--concurrency N] [--rounds N] [--seconds S]
 
 This build's router and another build's serve the same two simulators at the same time, the
 requests of one closed loop alternating between them, so both see the same machine at every
 instant: each round gives the ratio of their CPU per request (and their latencies). On a
 noisy VM that ratio varies by about ±2 % between rounds (two copies of one build), where runs
-one after another drift by ±30 %. Use it to judge a change to the request path.`
+one after another drift by ±30 %. Use it to judge a change to the request path.
+
+--baseline-node runs the baseline under another Node binary: with --baseline this build's
+own dist/cli/main.js, it compares runtimes (the one running this command against that one).`
 
 interface Side {
   pid: number
@@ -27,6 +30,7 @@ export async function runPairedBench(argv: string[]): Promise<void> {
     args: argv,
     options: {
       baseline: { type: 'string' },
+      'baseline-node': { type: 'string' },
       size: { type: 'string' },
       concurrency: { type: 'string' },
       rounds: { type: 'string' },
@@ -47,7 +51,7 @@ export async function runPairedBench(argv: string[]): Promise<void> {
   const agent = new Agent({ connections: 256, keepAliveTimeout: 30_000 })
   const cluster = await startBenchCluster()
   try {
-    const [mine, base] = await Promise.all([cluster.router(), cluster.router(values.baseline)])
+    const [mine, base] = await Promise.all([cluster.router(), cluster.router(values.baseline, values['baseline-node'])])
     // The baseline first, this build second: the columns of each row.
     const sides: Side[] = [
       { pid: base.child.pid as number, url: base.url, latenciesMs: [], done: 0, errors: 0 },
@@ -85,7 +89,7 @@ export async function runPairedBench(argv: string[]): Promise<void> {
     }
     process.stdout.write(
       [
-        `Machine: ${cpus().length} × ${cpus()[0]?.model ?? 'cpu'}, Node ${process.version}; /v1/completions, ${size} B prompt, max_tokens 8, not streamed; concurrency ${concurrency} in all, alternating; ${rounds} rounds of ${seconds} s; baseline ${values.baseline}.`,
+        `Machine: ${cpus().length} × ${cpus()[0]?.model ?? 'cpu'}, Node ${process.version}; /v1/completions, ${size} B prompt, max_tokens 8, not streamed; concurrency ${concurrency} in all, alternating; ${rounds} rounds of ${seconds} s; baseline ${values.baseline}${values['baseline-node'] ? ` on ${values['baseline-node']}` : ''}.`,
         '',
         '| round | CPU ms per request, baseline | this build | this ÷ baseline | baseline p50 / p99 / p99.9 ms | this build p50 / p99 / p99.9 ms | requests | errors |',
         '| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |',

@@ -25,6 +25,8 @@ export interface SpawnOptions {
   outputLimit?: number
   /** Another build's CLI entry (a baseline to compare with); default this package's. */
   entry?: string
+  /** Another Node binary to run it with (a runtime to compare with); default this process's. */
+  node?: string
 }
 
 /**
@@ -37,7 +39,7 @@ export async function spawnService(opts: SpawnOptions): Promise<SpawnedService> 
   if (!existsSync(entry)) throw new Error(`${entry} is missing: run \`npm run build\` first`)
   const limit = opts.outputLimit ?? 65536
   let buffer = ''
-  const child = spawn(process.execPath, [...nodeArgsFor(opts.args[0]), entry, ...opts.args], {
+  const child = spawn(opts.node ?? process.execPath, [...nodeArgsFor(opts.args[0]), entry, ...opts.args], {
     env: opts.env ?? process.env,
     stdio: ['ignore', 'pipe', 'pipe', 'ipc'],
   })

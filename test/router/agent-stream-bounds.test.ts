@@ -1,6 +1,7 @@
 import { connect, type Socket } from 'node:net'
 import t, { type Test } from 'tap'
 import { loadConfig } from '../../router/src/config.js'
+import { snapshotFrame } from '../../router/src/routes/agent-stream.js'
 import { get, post, startRouter, waitFor } from '../helpers/cluster.js'
 import { needRedis, startRedis } from '../helpers/redis.js'
 
@@ -37,6 +38,15 @@ async function unsent(url: string): Promise<number> {
 function cutCount(metrics: string, reason: string): number {
   return Number(new RegExp(`handoff_router_agent_streams_cut_total\\{reason="${reason}"\\} (\\d+)`).exec(metrics)?.[1] ?? 0)
 }
+
+t.test('a snapshot is written in pieces that join to its one frame', async (t) => {
+  for (const n of [0, 1, 7, 3000]) {
+    const e = { seq: 41, type: 'snapshot' as const, goneEngineIds: Array.from({ length: n }, (_, i) => `engine-"${i}"-${'x'.repeat(i % 300)}`), at: 1_765_000_000_123.5 }
+    const pieces = [...snapshotFrame(e, 4096)]
+    t.equal(Buffer.concat(pieces).toString(), `id: 41\ndata: ${JSON.stringify(e)}\n\n`, `${n} ids: the frame JSON.stringify makes`)
+    t.ok(pieces.every((p) => p.length < 4096 + 400), `${n} ids: ${pieces.length} pieces, none much past the size`)
+  }
+})
 
 t.test('a stream that takes nothing is cut once it stalls; the unsent part stays bounded', async (t) => {
   const { url, app } = await startRouter(t, [], { probe: false, events: { keepAliveMs: 100, streamBufferBytes: 16384 } })
@@ -99,4 +109,33 @@ t.test('a replay from the start of a full log is paced by the reader, not buffer
 t.test('the same with the Redis store', { skip: needRedis(t) }, async (t) => {
   const redis = await startRedis(t)
   await pacedReplay(t, { ...loadConfig({ overrides: {} }).store, kind: 'redis', url: redis.url })
+})
+
+t.test('an agent behind retention gets its snapshot whole, in pieces the socket takes, then what follows', async (t) => {
+  // 400 engine_ids of 200 characters gone: a snapshot of about 85 KB, past the bound.
+  const { url, app } = await startRouter(t, [], { probe: false, events: { keepAliveMs: 60_000, streamBufferBytes: 16384, retention: 100 } })
+  t.equal((await post(`${url}/v1/agents`, agent('behind', 7004))).status, 200)
+  const gone = Array.from({ length: 400 }, (_, i) => `${'g'.repeat(200)}-${i}`)
+  for (const id of gone) await app.events.store.appendPeerGone({ type: 'peer_gone', engineIds: [id], addresses: [], reason: 'test' }, [])
+  const s = rawStream(url, 'behind')
+  t.teardown(() => s.socket.destroy())
+  await waitFor(() => app.events.agents.get('behind')?.streams === 1)
+  s.socket.resume()
+  t.ok(await waitFor(() => s.text().includes('id: 400\n'), 10_000), 'everything arrives')
+  const body = s.text().slice(s.text().indexOf('\r\n\r\n') + 4)
+  // Chunked transfer encoding: join the chunks, then read the SSE frames.
+  let sse = ''
+  for (let at = 0; at < body.length; ) {
+    const eol = body.indexOf('\r\n', at)
+    const size = Number.parseInt(body.slice(at, eol), 16)
+    if (!(size > 0)) break
+    sse += body.slice(eol + 2, eol + 2 + size)
+    at = eol + 2 + size + 2
+  }
+  const frames = sse.split('\n\n').filter((f) => f.startsWith('id: '))
+  const first = JSON.parse((frames[0] as string).split('\ndata: ')[1] as string)
+  t.equal(first.type, 'snapshot')
+  t.equal(first.seq, 300, 'the snapshot stands for what retention dropped')
+  t.same(first.goneEngineIds, gone, 'every engine_id gone, in order')
+  t.same(frames.slice(1).map((f) => Number(/^id: (\d+)/.exec(f)?.[1])), Array.from({ length: 100 }, (_, i) => 301 + i), 'then the held events, each once')
 })

@@ -1,6 +1,6 @@
 import type { ServerResponse } from 'node:http'
 import type { FastifyPluginAsync } from 'fastify'
-import type { AgentAck, AgentRegistration, RouterEvent } from '../../../schemas/events.js'
+import type { AgentAck, AgentRegistration, RouterEvent, SnapshotEvent } from '../../../schemas/events.js'
 import { RTR_ERR_AGENT_UNAUTHORIZED, RTR_ERR_AGENT_UNKNOWN } from '../errors.js'
 import type { RouterEvents } from '../events/router-events.js'
 import { bearerChecker } from '../../../common/bearer.js'
@@ -66,6 +66,24 @@ function bounded<T>(read: Promise<T>): Promise<T> {
     timer = setTimeout(() => reject(new Error(`the log did not answer within ${READ_BOUND_MS} ms`)), READ_BOUND_MS)
   })
   return Promise.race([read, late]).finally(() => clearTimeout(timer))
+}
+
+/**
+ * A snapshot's frame, a piece at a time (about `size` bytes each). With many engine_ids gone a
+ * snapshot is megabytes, and each stream that fell behind the log gets its own: written whole,
+ * a stalled stream would hold its bound plus that much. In pieces it holds its bound plus the
+ * list of ids (the log's own strings). SSE frames may be split anywhere; the reader joins them.
+ */
+export function* snapshotFrame(e: SnapshotEvent, size = 16384): Generator<Buffer> {
+  let text = `id: ${e.seq}\ndata: {"seq":${e.seq},"type":"snapshot","goneEngineIds":[`
+  for (let i = 0; i < e.goneEngineIds.length; i++) {
+    text += `${i === 0 ? '' : ','}${JSON.stringify(e.goneEngineIds[i])}`
+    if (text.length >= size) {
+      yield Buffer.from(text)
+      text = ''
+    }
+  }
+  yield Buffer.from(`${text}],"at":${JSON.stringify(e.at)}}\n\n`)
 }
 
 const digits = { type: 'string', pattern: '^[0-9]{1,15}$' } as const
@@ -176,10 +194,13 @@ export const agentStreamRoutes: FastifyPluginAsync<AgentStreamOptions> = async (
         moved = true
         if (res && res.writableLength <= limit) void pump()
       }
+      // The rest of a snapshot being written (see snapshotFrame): it goes before anything else.
+      let spilling: Iterator<Buffer> | undefined
       const write = (event: RouterEvent): void => {
         if (event.seq <= sent && event.type !== 'snapshot') return
         sent = Math.max(sent, event.seq)
-        ;(res as ServerResponse).write(frame(event), flushed)
+        if (event.type === 'snapshot') spilling = snapshotFrame(event)
+        else (res as ServerResponse).write(frame(event), flushed)
       }
       // Writes while the socket holds at most `limit` unsent; each frame's flush calls it again.
       const pump = async (): Promise<void> => {
@@ -187,6 +208,14 @@ export const agentStreamRoutes: FastifyPluginAsync<AgentStreamOptions> = async (
         reading = true
         try {
           while (res && !res.destroyed && res.writableLength <= limit) {
+            if (spilling) {
+              const piece = spilling.next()
+              if (!piece.done) {
+                res.write(piece.value, flushed)
+                continue
+              }
+              spilling = undefined
+            }
             const next = queued[0]
             // Sequences are gapless: a live event past the next one means the log holds some
             // between (they came while this stream waited on its reader). Read them from it.
@@ -249,7 +278,8 @@ export const agentStreamRoutes: FastifyPluginAsync<AgentStreamOptions> = async (
         // Took nothing for a whole interval with its buffer full: the reader is stuck or gone.
         if (raw.writableLength > limit && !moved) return cut(raw, 'stalled')
         moved = false
-        if (raw.writableLength === 0 && queued.length === 0 && !gap) raw.write(': keep-alive\n\n')
+        // Never inside a frame: a snapshot may be part written.
+        if (raw.writableLength === 0 && queued.length === 0 && !gap && !spilling) raw.write(': keep-alive\n\n')
       }, opts.keepAliveMs)
       keepAlive.unref()
       raw.once('close', () => {

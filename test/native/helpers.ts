@@ -1,6 +1,6 @@
 // Shared setup for the native tests: NIXL availability (skip locally, fail under CI) and the
 // target child process.
-import { fork, type ChildProcess } from 'node:child_process'
+import { fork, spawnSync, type ChildProcess } from 'node:child_process'
 import { join } from 'node:path'
 import { packageRoot } from '../../common/paths.js'
 import { createAgent, loadNixl, type AgentOptions, type NixlAgent, type NixlInfo } from '../../native/index.js'
@@ -139,9 +139,21 @@ export async function startTarget(
     const init = await call<{ md: string; version: string | null }>({ cmd: 'init', name }, readyMs)
     return { child, name, call, kill, init }
   } catch (err) {
+    // Seen once in CI (Node 24, three files at a time): init over UCX_TLS=tcp still pending
+    // after 30 s, never here alone. Where each of its threads waits says why.
+    const stacks = child.pid !== undefined && child.exitCode === null ? threadStacks(child.pid) : undefined
     await kill()
+    if (stacks && err instanceof Error) err.message += `\n${stacks}`
     throw err
   }
+}
+
+/** Every thread's native stack of process `pid` (gdb, where installed), shortened. */
+function threadStacks(pid: number): string | undefined {
+  const r = spawnSync('gdb', ['-batch', '-nx', '-p', String(pid), '-ex', 'thread apply all bt 15'], { encoding: 'utf8', timeout: 30_000 })
+  if (r.error || !r.stdout) return undefined
+  const lines = r.stdout.split('\n').filter((l) => /^Thread |^#/.test(l))
+  return `target threads (gdb):\n${lines.join('\n').slice(0, 12_000)}`
 }
 
 export interface TargetNotification {

@@ -6,6 +6,7 @@ import { PrefixIndex } from '../../router/src/routing/prefix-index.js'
 import { tokenize } from '../../sim/src/tokenizer.js'
 import { get, post, startSim, type Teardown } from '../helpers/cluster.js'
 import { within } from '../helpers/pd-agents.js'
+import { freePort } from '../../common/ports.js'
 
 /*
  * Issue 39 part 2: one engine's KV events into the router's prefix index, against a real
@@ -24,11 +25,11 @@ interface Info {
   kvEvents: { endpoint: string; replayEndpoint: string | null; sequence: number }
 }
 
-async function engine(t: Teardown, blocks: number, events: Record<string, unknown>): Promise<{ url: string; info: Info['kvEvents'] }> {
+async function engine(t: Teardown, blocks: number, events: Record<string, unknown>): Promise<{ url: string; info: Info['kvEvents']; stop: () => Promise<unknown> }> {
   const config = JSON.stringify({ enable_kv_cache_events: true, endpoint: 'tcp://*:0', replay_endpoint: 'tcp://*:0', ...events })
   const sim = await startSim(t, ['--role', 'both', '--num-gpu-blocks-override', String(blocks), '--enable-prompt-tokens-details', '--kv-events-config', config])
   const info = (await get(`${sim.url}/sim/info`)).json<Info>().kvEvents
-  return { url: sim.url, info }
+  return { url: sim.url, info, stop: () => sim.stop() }
 }
 
 async function cachedTokens(url: string, prompt: string): Promise<number> {
@@ -161,4 +162,38 @@ t.test('a gap the replay buffer no longer holds: the index is purged, never clai
   t.equal(over, 0, 'no prediction above what the engine had')
   // Without the purge the index would still hold the 'before' users' blocks, evicted since.
   t.equal(ix.cachedTokens('e', ix.prompt(tokenize(`${words('system', 64)} ${words('nobody', 40)}`))) <= 64, true)
+})
+
+t.test('the engine restarts at the same endpoints: its sequence starts over, the index is purged and follows the new one', async (t) => {
+  const [pubPort, replayPort] = [await freePort(), await freePort()]
+  // A wildcard is bound (vLLM's rule; a plain address is connected to).
+  const events = { endpoint: `tcp://*:${pubPort}`, replay_endpoint: `tcp://*:${replayPort}` }
+  const first = await engine(t, 64, events)
+  const ix = index()
+  const feed = await open(t, ix, first.info)
+  // ZMQ subscribes asynchronously: batches published before it took hold would be seen only at
+  // the next one (a gap, replayed).
+  await new Promise((r) => setTimeout(r, 200))
+  const before = users('before', 3)
+  for (const p of before) await cachedTokens(first.url, p)
+  t.ok(await caughtUp(first.url, feed), 'the feed follows the first engine')
+  const held = feed.sequence as bigint
+  t.ok(held > 0n && ix.cachedTokens('e', ix.prompt(tokenize(before[0] as string))) > 64, `the first engine's blocks are indexed (sequence ${held})`)
+  await first.stop()
+  // The same endpoints, an empty cache, and sequences from 0 again (vLLM's publisher counts from 0).
+  const second = await engine(t, 64, events)
+  const after = users('after', 2)
+  // The first batch may go out before the feed's socket reconnected, and be lost; the next
+  // one shows the restart, and the replay brings the lost one.
+  await cachedTokens(second.url, after[0] as string)
+  await new Promise((r) => setTimeout(r, 300))
+  await cachedTokens(second.url, after[1] as string)
+  t.ok(await caughtUp(second.url, feed), 'the feed follows the restarted engine')
+  t.equal(feed.stats.restarts, 1, 'one restart seen')
+  for (const p of [before[0] as string, after[1] as string, after[0] as string]) {
+    const predicted = ix.cachedTokens('e', ix.prompt(tokenize(p)))
+    const reported = await cachedTokens(second.url, p)
+    t.equal(predicted, reported, `predicted ${predicted}, reported ${reported}`)
+    t.ok(await caughtUp(second.url, feed))
+  }
 })

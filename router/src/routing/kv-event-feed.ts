@@ -21,6 +21,13 @@ import type { Applied, PrefixIndex } from './prefix-index.js'
  * - Live batches that arrive while a replay runs are held and applied after it, in order.
  * - The SUB socket's receive high-water mark bounds what waits in this process; past it ZMQ
  *   drops, which is a gap like any other.
+ * - One publisher's live batches reach a SUB socket in rising order. One at or below the last
+ *   live one means the publisher started over (an engine restarted at the same endpoint counts
+ *   from 0 again; batches that a replay already applied may still arrive live, but those rise):
+ *   what the index holds of the engine went with it, so the index is purged and follows the
+ *   new sequence, from a replay of what the new publisher holds. (A restart the feed cannot
+ *   see, the new publisher past the old one's sequence before the feed reconnects, is seen by
+ *   the router as a new engine_id, which purges the index too.)
  */
 
 export interface KvEventFeedOptions {
@@ -43,8 +50,10 @@ export interface KvEventFeedStats {
   batches: number
   gaps: number
   replays: number
-  /** The index was purged: a gap that could not be filled, or a batch that could not be read. */
+  /** The index was purged: a gap that could not be filled, a batch that could not be read, a restart. */
   purges: number
+  /** The publisher's sequence started over (the engine restarted). */
+  restarts: number
   wireErrors: number
 }
 
@@ -58,10 +67,12 @@ export class KvEventFeed {
   #dealer: Dealer | undefined
   /** The last sequence applied; undefined before the first. */
   #last: bigint | undefined
+  /** The last batch read from the SUB socket (live, not replayed). */
+  #lastLive: bigint | undefined
   #replaying = false
   #held: { seq: bigint; payload: Buffer }[] = []
   #closed = false
-  readonly stats: KvEventFeedStats = { batches: 0, gaps: 0, replays: 0, purges: 0, wireErrors: 0 }
+  readonly stats: KvEventFeedStats = { batches: 0, gaps: 0, replays: 0, purges: 0, restarts: 0, wireErrors: 0 }
 
   private constructor(o: KvEventFeedOptions, zmq: Zmq) {
     this.#o = o
@@ -104,7 +115,11 @@ export class KvEventFeed {
     try {
       for await (const frames of this.#sub) {
         const seq = this.#sequenceOf(frames[1])
-        if (seq !== undefined) await this.#live(seq, frames[2] as Buffer)
+        if (seq === undefined) continue
+        const live = this.#lastLive
+        this.#lastLive = seq
+        if (live !== undefined && seq <= live) await this.#restarted(seq, frames[2] as Buffer)
+        else await this.#live(seq, frames[2] as Buffer)
       }
     } catch (err) {
       if (!this.#closed) this.#o.log.warn({ err, engine: this.#o.key }, 'KV event feed stopped')
@@ -175,6 +190,15 @@ export class KvEventFeed {
     // After a purge the index starts again from the first batch held.
     if (mustFill && !filled && held[0]) this.#last = held[0].seq - 1n
     for (const h of held) await this.#live(h.seq, h.payload)
+  }
+
+  async #restarted(seq: bigint, payload: Buffer): Promise<void> {
+    this.stats.restarts++
+    this.#purge(`the publisher started over (batch ${seq} after ${this.#last ?? 'none'})`)
+    this.#last = undefined
+    // The new publisher's batches before this one, if it still holds them, then this one.
+    this.#held = [{ seq, payload }]
+    await this.#fill(0n, false)
   }
 
   #apply(seq: bigint, payload: Buffer): void {

@@ -9,6 +9,21 @@ export const InstanceRole = Type.Union([Type.Literal('prefill'), Type.Literal('d
 })
 export type InstanceRole = Static<typeof InstanceRole>
 
+/**
+ * Where an engine publishes its KV cache events (vLLM's `--kv-events-config`): its ZMQ PUB
+ * endpoint and replay endpoint as the router dials them (tcp://HOST:PORT), and the topic.
+ * The router subscribes and indexes which prompt prefixes the engine holds (docs/routing.md).
+ */
+export const KvEventsSource = Type.Object(
+  {
+    endpoint: Type.String({ pattern: '^(tcp|ipc)://.+' }),
+    replayEndpoint: Type.Optional(Type.String({ pattern: '^(tcp|ipc)://.+' })),
+    topic: Type.Optional(Type.String()),
+  },
+  { additionalProperties: false },
+)
+export type KvEventsSource = Static<typeof KvEventsSource>
+
 export const InstanceConfig = Type.Object(
   {
     id: Type.String({ minLength: 1, maxLength: 128, pattern: '^[A-Za-z0-9._:-]+$' }),
@@ -16,6 +31,7 @@ export const InstanceConfig = Type.Object(
     url: Type.String({ format: 'uri', pattern: '^https?://' }),
     // Free-form labels; `transfer_group` restricts pairing (see pairing.mode).
     labels: Type.Optional(Type.Record(Type.String(), Type.String())),
+    kvEvents: Type.Optional(KvEventsSource),
   },
   { $id: 'InstanceConfig', additionalProperties: false },
 )
@@ -80,6 +96,18 @@ export const RouterConfig = Type.Object(
       { default: 'info' },
     ),
     instances: Type.Array(Type.Ref('InstanceConfig'), { default: [] }),
+    // The prefix index built from the engines' KV events (instances[].kvEvents): bounded.
+    kvIndex: Type.Object(
+      {
+        // Blocks held per engine; past it the oldest stored go first (a GPU of 80 GiB holds
+        // about 100,000 blocks of 16 tokens of an 8B model).
+        maxBlocksPerEngine: Type.Integer({ minimum: 1, default: 262144 }),
+        maxEngines: Type.Integer({ minimum: 1, default: 1024 }),
+        // A replay that fills a gap in an engine's events must answer within this.
+        replayTimeoutMs: Type.Integer({ minimum: 10, default: 5000 }),
+      },
+      { default: {}, additionalProperties: false },
+    ),
     pairing: Type.Object(
       {
         // `all`: every decoder may read from every prefiller; `label`: only within the same

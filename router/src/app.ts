@@ -36,6 +36,7 @@ import { healthRoutes } from './routes/health.js'
 import { metricsRoutes } from './routes/metrics.js'
 import { modelRoutes } from './routes/models.js'
 import { TopologyRegistry } from './topology/registry.js'
+import type { KvIndexer } from './routing/kv-indexer.js'
 import { startDiscovery, type Discovery } from './discovery/index.js'
 import { agentPlane, dataPlane, listenPlanes, operationsPlane } from './planes.js'
 
@@ -270,6 +271,7 @@ export async function buildApp(deps: RouterDeps): Promise<FastifyInstance> {
   app.decorate('routerStore', store)
   app.decorate('events', events)
   app.decorate('leases', ledger)
+  app.decorate('kv', core.kv)
   app.decorate('discovery', () => discovery)
   return app
 }
@@ -280,6 +282,8 @@ declare module 'fastify' {
     routerStore: RouterStore
     events: RouterEvents
     leases: LeaseLedger
+    /** The prefix index built from the engines' KV events. */
+    kv: KvIndexer
     /** The running discovery, once the app is ready (undefined without `discovery` config). */
     discovery: () => Discovery | undefined
   }

@@ -18,6 +18,7 @@ import { Drainer } from './topology/drainer.js'
 import { PairBreakers } from './topology/pair-breakers.js'
 import { Prober, type HttpGet } from './topology/prober.js'
 import { TopologyRegistry } from './topology/registry.js'
+import { KvIndexer } from './routing/kv-indexer.js'
 
 /**
  * Everything a router is made of but its HTTP surface: the topology, the store (memory or
@@ -41,6 +42,8 @@ export interface RouterCore {
   limits: AdaptiveLimits
   proxy: CompletionProxy
   prober: Prober
+  /** The prefix index built from the engines' KV events (routing/kv-indexer.ts). */
+  kv: KvIndexer
   /** The agent plane's streams, once it is up (ends them all when the log was replaced). */
   agentStreams: AgentStreams
   setAgentStreams(streams: AgentStreams): void
@@ -178,6 +181,14 @@ export async function openCore(config: RouterConfig, opts: CoreOptions): Promise
     intervalMs: config.health.intervalMs,
     timeoutMs: config.health.timeoutMs,
   })
+  // Which prompt prefixes each engine holds, from the KV events of those that publish them.
+  const kv = new KvIndexer({
+    registry,
+    config: config.kvIndex,
+    log: log.child({ component: 'kv-index' }),
+    seed: Math.floor(random.next() * 0x7fffffff),
+    metrics: { blocks: metrics.kvIndexBlocks, batches: metrics.kvEventBatches, purges: metrics.kvIndexPurges },
+  })
   const topologyLog = log.child({ component: 'topology' })
   registry.subscribe((change) => {
     // Per request, and per engine sample while busy: too frequent to log (the limits log theirs at debug).
@@ -209,6 +220,7 @@ export async function openCore(config: RouterConfig, opts: CoreOptions): Promise
     limits,
     proxy,
     prober,
+    kv,
     get agentStreams() {
       return agentStreams
     },
@@ -217,6 +229,7 @@ export async function openCore(config: RouterConfig, opts: CoreOptions): Promise
     },
     close: async () => {
       prober.stop()
+      kv.close()
       limits.close()
       events.close()
       drainer.close()

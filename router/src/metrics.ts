@@ -88,6 +88,24 @@ export function createRouterMetrics() {
       help: 'Bytes written to agent event streams that their sockets have not sent yet, all streams together (each is held to events.streamBufferBytes plus one event)',
       registers,
     }),
+    kvIndexBlocks: new Gauge({
+      name: 'handoff_router_kv_index_blocks',
+      help: "KV blocks the router's prefix index holds for an instance, from its KV events (each instance is held to kvIndex.maxBlocksPerEngine)",
+      labelNames: ['instance'] as const,
+      registers,
+    }),
+    kvEventBatches: new Counter({
+      name: 'handoff_router_kv_event_batches_total',
+      help: 'KV event batches applied to the prefix index, by instance',
+      labelNames: ['instance'] as const,
+      registers,
+    }),
+    kvIndexPurges: new Counter({
+      name: 'handoff_router_kv_index_purges_total',
+      help: "An instance's prefix index dropped whole, by reason (gap: lost events replay could not fill; unreadable; restart: its publisher started over; engine_id: a new engine_id answered; removed)",
+      labelNames: ['reason'] as const,
+      registers,
+    }),
     engineNotifications: new Counter({
       name: 'handoff_router_engine_notifications_total',
       help: 'peer_gone calls to engines without an agent (engine mode), by outcome (ok, failed, not_configured)',

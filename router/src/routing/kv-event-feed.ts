@@ -1,4 +1,4 @@
-import type { Logger } from 'pino'
+import type { FastifyBaseLogger } from 'fastify'
 import type { Dealer, Subscriber } from 'zeromq'
 import { END_SEQUENCE, sequenceFrame } from '../../../common/kv-sequence.js'
 import { decodeKvBatch, KvEventsWireError, readSequence } from './kv-events-wire.js'
@@ -37,14 +37,19 @@ export interface KvEventFeedOptions {
   replayEndpoint?: string | undefined
   topic?: string
   index: PrefixIndex
-  log: Logger
+  log: Pick<FastifyBaseLogger, 'warn'>
   /** How long a replay may take before the gap counts as unfillable. */
   replayTimeoutMs?: number
   /** Batches held by the SUB socket before ZMQ drops (default 10,000). */
   receiveHighWaterMark?: number
   /** Each batch applied (for metrics). */
   onApplied?: (applied: Applied) => void
+  /** The engine's index was purged (for metrics). */
+  onPurged?: (reason: FeedPurge) => void
 }
+
+/** Why a feed purged its engine's index: a gap replay could not fill, a batch it could not read, the publisher started over. */
+export type FeedPurge = 'gap' | 'unreadable' | 'restart'
 
 export interface KvEventFeedStats {
   batches: number
@@ -182,7 +187,7 @@ export class KvEventFeed {
       // A late answer must not be read as the next replay's: a new socket.
       this.#renewDealer()
     }
-    if (mustFill && !filled) this.#purge(`gap at ${from} not filled by replay`)
+    if (mustFill && !filled) this.#purge('gap', `gap at ${from} not filled by replay`)
     this.#replaying = false
     // One publisher's batches arrive in sequence order, so the held ones already are.
     const held = this.#held
@@ -194,7 +199,7 @@ export class KvEventFeed {
 
   async #restarted(seq: bigint, payload: Buffer): Promise<void> {
     this.stats.restarts++
-    this.#purge(`the publisher started over (batch ${seq} after ${this.#last ?? 'none'})`)
+    this.#purge('restart', `the publisher started over (batch ${seq} after ${this.#last ?? 'none'})`)
     this.#last = undefined
     // The new publisher's batches before this one, if it still holds them, then this one.
     this.#held = [{ seq, payload }]
@@ -209,16 +214,17 @@ export class KvEventFeed {
       events = decodeKvBatch(payload).events
     } catch (err) {
       this.#wireError(err)
-      this.#purge('a batch could not be read')
+      this.#purge('unreadable', 'a batch could not be read')
       return
     }
     const applied = this.#o.index.apply(this.#o.key, events)
     this.#o.onApplied?.(applied)
   }
 
-  #purge(why: string): void {
+  #purge(reason: FeedPurge, why: string): void {
     this.stats.purges++
     this.#o.index.purge(this.#o.key)
+    this.#o.onPurged?.(reason)
     this.#o.log.warn({ engine: this.#o.key, why }, 'prefix index of the engine purged')
   }
 

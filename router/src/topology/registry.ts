@@ -99,6 +99,7 @@ interface InstanceState {
   url: string
   // Frozen once and shared by every snapshot; replaced, never mutated.
   labels: Readonly<Record<string, string>>
+  kvEvents: InstanceConfig['kvEvents']
   engines: EngineIds
   /** engines.ids(), frozen once per change of the set (views share it). */
   engineIds: readonly string[]
@@ -302,6 +303,7 @@ export class TopologyRegistry {
       source,
       url: new URL(cfg.url).origin,
       labels: Object.freeze({ ...(cfg.labels ?? {}) }),
+      kvEvents: cfg.kvEvents,
       engines: new EngineIds(this.#engineIdLimits),
       engineIds: Object.freeze([]),
       probedUp: undefined,
@@ -524,7 +526,7 @@ export class TopologyRegistry {
     const s = this.#instances.get(id)
     if (!s) return undefined
     const { engines } = s
-    return { id: s.id, role: s.role, url: s.url, labels: { ...s.labels }, source: s.source, engineId: engines.newest, engineIds: engines.ids(), sharedRanks: engines.sharedRanks, draining: s.draining }
+    return { id: s.id, role: s.role, url: s.url, labels: { ...s.labels }, ...(s.kvEvents ? { kvEvents: s.kvEvents } : {}), source: s.source, engineId: engines.newest, engineIds: engines.ids(), sharedRanks: engines.sharedRanks, draining: s.draining }
   }
 
   /** Stop admitting new work to the instance; `drained` follows once nothing is in flight. */

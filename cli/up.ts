@@ -11,7 +11,7 @@ import { urlHost } from '../common/host-port.js'
 
 const HELP = () => `usage: handoff up [--prefill N] [--decode M] [--both K] [--port P] [--host H]
                   [--kv auto|agent|none] [--lease-seconds S] [--kv-load-failure-policy fail|recompute]
-                  [--block-size B] [--num-gpu-blocks-override N]
+                  [--block-size B] [--num-gpu-blocks-override N] [--kv-events on|off]
                   [--routers R] [--store memory|redis|redis://HOST:PORT]
                   [--model NAME] [--admin-token T] [--verbose]
 
@@ -26,6 +26,10 @@ stops every child on SIGINT/SIGTERM.
 --block-size B, --num-gpu-blocks-override N
              every simulator's KV blocks (tokens each, default 16) and pool size (blocks,
              default 16384), vLLM's flags; each keeps a prefix cache over its pool.
+--kv-events on|off
+             on (default): every simulator publishes its KV cache events as vLLM does
+             (--kv-events-config, a ZMQ PUB and a replay socket on free loopback ports) and
+             the routers follow them into their prefix index (docs/routing.md).
 --admin-token T   the router's admin token (POST /fault_tolerance/event and other control
              endpoints; passed in the environment, not on a command line).
 --routers R  R router replicas (default 1, at most 16) over the same simulators, sharing one
@@ -48,6 +52,18 @@ follows the routers' event log (--router-url, every router's URL, the first rout
 the next one when one cannot be reached): agents start before the routers and their link
 retries until one serves.
 `
+/** vLLM's --kv-events-config for every simulator: wildcards are bound, to free ports on its host. */
+const KV_EVENTS = JSON.stringify({ enable_kv_cache_events: true, publisher: 'zmq', endpoint: 'tcp://*:0', replay_endpoint: 'tcp://*:0' })
+
+/** Where a simulator publishes its KV events, as its /sim/info names the bound endpoints. */
+async function publishedKvEvents(simUrl: string): Promise<{ endpoint: string; replayEndpoint?: string } | undefined> {
+  const res = await fetch(`${simUrl}/sim/info`)
+  if (!res.ok) throw new Error(`${simUrl}/sim/info answered ${res.status}`)
+  const info = (await res.json()) as { kvEvents?: { endpoint: string; replayEndpoint: string | null } | null }
+  if (!info.kvEvents) return undefined
+  return { endpoint: info.kvEvents.endpoint, ...(info.kvEvents.replayEndpoint ? { replayEndpoint: info.kvEvents.replayEndpoint } : {}) }
+}
+
 const MAX_ROUTERS = 16
 /** Restarts of one router or the local Redis before `handoff up` gives up and stops the cluster. */
 const MAX_RESTARTS = 5
@@ -181,6 +197,7 @@ export async function main(argv: string[]): Promise<void> {
       'kv-load-failure-policy': { type: 'string' },
       'block-size': { type: 'string' },
       'num-gpu-blocks-override': { type: 'string' },
+      'kv-events': { type: 'string' },
       model: { type: 'string' },
       'admin-token': { type: 'string' },
       routers: { type: 'string' },
@@ -199,6 +216,8 @@ export async function main(argv: string[]): Promise<void> {
   if (decode + both === 0) throw new Error('a cluster needs at least one --decode or --both instance')
   const routers = routerCount(values.routers)
   const store = storeOption(values.store, routers)
+  const kvEvents = values['kv-events'] ?? 'on'
+  if (kvEvents !== 'on' && kvEvents !== 'off') throw new Error(`--kv-events must be on or off, got '${kvEvents}'`)
   const { kv, note } = await resolveKv(values.kv ?? 'auto')
   if (note) process.stderr.write(`handoff up: ${note}\n`)
   const host = values.host ?? '127.0.0.1'
@@ -253,6 +272,7 @@ export async function main(argv: string[]): Promise<void> {
     ...(values['kv-load-failure-policy'] ? ['--kv-load-failure-policy', values['kv-load-failure-policy']] : []),
     ...(values['block-size'] ? ['--block-size', values['block-size']] : []),
     ...(values['num-gpu-blocks-override'] ? ['--num-gpu-blocks-override', values['num-gpu-blocks-override']] : []),
+    ...(kvEvents === 'on' ? ['--kv-events-config', KV_EVENTS] : []),
   ]
   const plan = [
     ...Array.from({ length: prefill }, (_, i) => ({ id: `prefill-${i}`, role: 'prefill' })),
@@ -332,7 +352,8 @@ export async function main(argv: string[]): Promise<void> {
           { args: ['sim', '--role', p.role, '--port', '0', ...simArgs, ...(agentUrl ? ['--agent-url', agentUrl] : []), ...(agentUrl && agentToken ? ['--agent-token', agentToken] : [])] },
           `simulator ${p.id}`,
         )
-        return { instance: { id: p.id, role: p.role, url: sim.url }, agentUrl }
+        const events = kvEvents === 'on' ? await publishedKvEvents(sim.url) : undefined
+        return { instance: { id: p.id, role: p.role, url: sim.url, ...(events ? { kvEvents: events } : {}) }, agentUrl }
       }),
     )
     const instances = sims.map((s) => s.instance)

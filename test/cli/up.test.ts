@@ -57,6 +57,12 @@ t.test('handoff up --lease-seconds and the block flags: one lease length for eng
   t.equal(sims.length, 2)
   t.ok(sims.every((a) => /--lease-seconds 7/.test(a)), 'and so do the simulators')
   t.ok(sims.every((a) => /--block-size 32 --num-gpu-blocks-override 4096/.test(a)), "vLLM's block flags reach the simulators")
+  // --kv-events on (the default): the simulators publish, the router follows each of them.
+  t.ok(sims.every((a) => /--kv-events-config /.test(a)), 'every simulator publishes its KV events')
+  const prompt = Array.from({ length: 80 }, (_, i) => `word${i}`).join(' ')
+  t.equal((await post(`${url}/v1/completions`, { model: 'handoff/sim-1', prompt, max_tokens: 2 })).status, 200)
+  const indexed = async (): Promise<boolean> => /^handoff_router_kv_index_blocks\{instance="prefill-0"\} [1-9]/m.test((await get(`${url}/metrics`)).text)
+  t.ok(await waitFor(indexed), "the router indexed the prompt's blocks on prefill-0 from its events")
   up.kill('SIGTERM')
   await once(up, 'exit')
 })
@@ -68,6 +74,11 @@ t.test('handoff up rejects bad flags clearly', async (t) => {
   const [code] = (await once(run, 'exit')) as [number | null]
   t.equal(code, 1)
   t.match(err, /at least one --decode or --both/)
+  const events = spawn(process.execPath, [cliEntry, 'up', '--kv-events', 'maybe'], { stdio: ['ignore', 'pipe', 'pipe'] })
+  let said = ''
+  events.stderr.on('data', (c: Buffer) => (said += c.toString()))
+  t.equal(((await once(events, 'exit')) as [number | null])[0], 1)
+  t.match(said, /--kv-events must be on or off, got 'maybe'/)
 })
 
 // Where Redis is installed (always under CI) the cluster runs a local redis-server too, which

@@ -21,9 +21,11 @@ t.test('two routers on one Redis', { skip: needRedis(t) }, async (t) => {
     const { router } = await setup(t)
     const a = await router('a')
     const b = await router('b')
-    a.registry.add({ id: 'd1', role: 'decode', url: 'http://127.0.0.1:2001', labels: { zone: 'x' } }, 'admin')
+    const kvEvents = { endpoint: 'tcp://127.0.0.1:5557', replayEndpoint: 'tcp://127.0.0.1:5558' }
+    a.registry.add({ id: 'd1', role: 'decode', url: 'http://127.0.0.1:2001', labels: { zone: 'x' }, kvEvents }, 'admin')
     t.ok(await waitFor(() => b.registry.has('d1')), 'added on a, present on b')
     t.match(view(b.registry, 'd1'), { source: 'admin', labels: { zone: 'x' }, role: 'decode' })
+    t.same(b.registry.describe('d1')?.kvEvents, kvEvents, 'with where its KV events come from: b follows them too')
 
     a.registry.observeEngineId('p0', 'eng-1')
     t.ok(await waitFor(() => view(b.registry, 'p0')?.engineId === 'eng-1'), "a config instance's engine_id learned on a reaches b")

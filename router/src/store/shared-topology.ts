@@ -68,6 +68,7 @@ interface InstanceRecord {
   role?: InstanceConfig['role']
   url?: string
   labels?: Record<string, string>
+  kvEvents?: InstanceConfig['kvEvents']
   source?: InstanceSource
   /** The newest of engineIds (routers from before the set read only this). */
   engineId?: string
@@ -312,7 +313,7 @@ export class SharedTopology implements StreamPresence {
     const d = this.#o.registry.describe(id)
     if (!d) return undefined
     const engines = d.engineId ? { engineId: d.engineId, engineIds: d.engineIds, ...(d.sharedRanks ? { sharedRanks: true as const } : {}) } : {}
-    return { id, role: d.role, url: d.url, labels: d.labels ?? {}, source: d.source, ...engines, draining: d.draining, at: this.#o.clock.now() }
+    return { id, role: d.role, url: d.url, labels: d.labels ?? {}, ...(d.kvEvents ? { kvEvents: d.kvEvents } : {}), source: d.source, ...engines, draining: d.draining, at: this.#o.clock.now() }
   }
 
   #agentRow(agentId: string): AgentRow {
@@ -413,7 +414,8 @@ export class SharedTopology implements StreamPresence {
     }
     if (!registry.has(r.id)) {
       if (!r.role || !r.url) return
-      registry.add({ id: r.id, role: r.role, url: r.url, ...(r.labels ? { labels: r.labels } : {}) }, r.source ?? 'admin')
+      // kvEvents too: every router follows every engine's KV events (docs/routing.md).
+      registry.add({ id: r.id, role: r.role, url: r.url, ...(r.labels ? { labels: r.labels } : {}), ...(r.kvEvents ? { kvEvents: r.kvEvents } : {}) }, r.source ?? 'admin')
     }
     if (r.draining && !registry.describe(r.id)?.draining) {
       registry.drain(r.id)

@@ -56,6 +56,11 @@ let n = 0
 /** A prompt no earlier case used (D's prefix cache must not serve it). */
 const prompt = (tag: string): string => `${tag} ${n++} the quick brown fox jumps over the lazy dog and the kv cache block lease`
 
+/** The first finish_reason a stream's events carry (undefined: the stream never finished). */
+function finishReason(events: ReturnType<typeof sseEvents>): unknown {
+  return events.map((e) => (e === '[DONE]' ? undefined : (e.choices as Choice[] | undefined)?.[0]?.finish_reason)).find((r) => r)
+}
+
 for (const backend of backends) t.test(`the router in front of ${backend.name} P/D`, { skip: backend.skip }, async (t) => {
   const [P, D] = await backend.start(t)
   const { url } = await startRouter(
@@ -263,8 +268,7 @@ for (const backend of backends) t.test(`the router in front of ${backend.name} P
       const running = await D.metric('vllm:num_requests_running')
       if (running >= 1) return { ac, running }
       for (let r = await it.next(); !r.done; r = await it.next()) text += String(r.value)
-      const events = sseEvents(text.slice(0, text.lastIndexOf('\n\n') + 2))
-      return { ac, running, finished: events.map((e) => (e === '[DONE]' ? undefined : (e.choices as Choice[] | undefined)?.[0]?.finish_reason)).find((r) => r) }
+      return { ac, running, finished: finishReason(sseEvents(text.slice(0, text.lastIndexOf('\n\n') + 2))) }
     }
     let left = await leaveMidStream()
     for (let attempt = 2; attempt <= 3 && left.running < 1 && left.finished !== undefined; attempt++) {
@@ -307,8 +311,7 @@ for (const backend of backends) t.test(`the router in front of ${backend.name} P
         }
       }
       const events = sseEvents(text.slice(0, text.lastIndexOf('\n\n') + 2))
-      const finished = events.map((e) => (e === '[DONE]' ? undefined : (e.choices as Choice[] | undefined)?.[0]?.finish_reason)).find((r) => r)
-      return { events, finished }
+      return { events, finished: finishReason(events) }
     }
     // Until the probes put D back, and its first handoff (a new NIXL handshake) may come
     // past the lease (RTR_ERR_LATE_READ): a few tries, each bounded by the router's timeouts.

@@ -13,7 +13,8 @@ import { PrefixIndex } from './prefix-index.js'
  *   its feed closes and its blocks go.
  * - A new engine_id at the instance (the engine restarted) purges its blocks: a restarted
  *   engine holds nothing, whether or not its feed saw the publisher start over.
- * - Bounded (config.kvIndex): blocks per engine, engines; what was dropped is counted.
+ * - Bounded (config.kvIndex): blocks per engine, engines. (What the bounds drop is not yet
+ *   counted in metrics: `Applied.evicted` is there for it.)
  * Data-parallel ranks past 0 publish on further ports (vLLM's offset_endpoint_port); only rank
  * 0's endpoint, the one configured, is followed for now.
  */
@@ -100,7 +101,7 @@ export class KvIndexer {
     if (!feed) return
     this.#feeds.delete(instanceId)
     void feed.then((f) => f?.close())
-    if (this.index.purge(instanceId)) this.#o.metrics?.purges.inc({ reason })
+    this.#purge(instanceId, reason)
     this.#o.metrics?.blocks.remove({ instance: instanceId })
   }
 

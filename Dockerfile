@@ -64,7 +64,7 @@ RUN npm run build:native \
  && npm run build \
  && npm prune --omit=dev --ignore-scripts --no-audit --no-fund \
  && test -f native/build/Release/handoff_native.node \
- && test -f dist/cli/main.js
+ && test -f dist/handoff.js
 
 # ---------------------------------------------------------------------------------------------
 FROM ${NODE_IMAGE} AS runtime
@@ -111,5 +111,5 @@ USER 10001:10001
 # The router's port (values.yaml router.port); a transfer agent listens where --port says.
 EXPOSE 8000
 
-ENTRYPOINT ["node", "dist/cli/main.js"]
+ENTRYPOINT ["node", "dist/handoff.js"]
 CMD ["router"]

@@ -15,7 +15,7 @@ const HELP = `usage: handoff bench overhead [--quick] [--sizes 200,2048,16384,20
                                [--warmup S] [--json]
                                [--no-overload | --overload-only] [--overload-concurrency 300]
                                [--overload-seconds 25] [--overload-tokens 100] [--overload-ramp S]
-                               [--baseline PATH/dist/cli/main.js]
+                               [--baseline PATH/dist/handoff.js]
                                [--vllm-router PATH | --no-vllm-router]
        handoff bench overhead --mixed [--concurrency 64] [--seconds 20] [--long-share 0,0.1,0.5,1]
                                [--lease 30,10] [--short-tokens 16] [--long-tokens 512]

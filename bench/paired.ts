@@ -6,7 +6,7 @@ import { closedLoop, percentile } from './load.js'
 import { promptOfSize } from './overhead.js'
 import { cpuSeconds } from './proc-stats.js'
 
-const USAGE = `usage: handoff bench paired --baseline PATH/dist/cli/main.js [--baseline-node PATH/bin/node] [--size BYTES] [--concurrency N] [--rounds N] [--seconds S]
+const USAGE = `usage: handoff bench paired --baseline PATH/dist/handoff.js [--baseline-node PATH/bin/node] [--size BYTES] [--concurrency N] [--rounds N] [--seconds S]
 
 This build's router and another build's serve the same two simulators at the same time, the
 requests of one closed loop alternating between them, so both see the same machine at every
@@ -15,7 +15,7 @@ noisy VM that ratio varies by about ±2 % between rounds (two copies of one buil
 one after another drift by ±30 %. Use it to judge a change to the request path.
 
 --baseline-node runs the baseline under another Node binary: with --baseline this build's
-own dist/cli/main.js, it compares runtimes (the one running this command against that one).`
+own dist/handoff.js, it compares runtimes (the one running this command against that one).`
 
 interface Side {
   pid: number

@@ -1,3 +1,3 @@
 #!/usr/bin/env node
-// Runs the compiled CLI (`npm run build` writes dist/).
-import '../dist/cli/main.js'
+// Runs the bundled CLI (`npm run build` writes dist/handoff.js).
+import '../dist/handoff.js'

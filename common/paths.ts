@@ -15,5 +15,8 @@ export const packageRoot: string = (() => {
   throw new Error('handoff package root not found')
 })()
 
-/** The compiled CLI entry that child processes run (`npm run build` produces it). */
-export const cliEntry: string = join(packageRoot, 'dist', 'cli', 'main.js')
+/**
+ * The CLI that child processes run: tsc's output bundled with its dependencies
+ * (`npm run build`, scripts/bundle.mjs), as the image and bin/handoff.js run it.
+ */
+export const cliEntry: string = join(packageRoot, 'dist', 'handoff.js')

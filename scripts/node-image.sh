@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The handoff image for scripts/k8s-node.sh, without Docker or a registry (issue 22): the
 # Dockerfile's runtime layout (/app with package.json, dist/, bin/, the native addon and the
-# production node_modules; `node dist/cli/main.js` from /app), made from this checkout's build
+# production node_modules; `node dist/handoff.js` from /app), made from this checkout's build
 # and this machine's node and python3 (the engines' preStop hook), with the libraries `ldd`
 # lists. No NIXL: transfer agents do not run in it.
 #
@@ -16,7 +16,7 @@ name=${2:-docker.io/library/handoff:test}
 say() { echo "node-image: $*" >&2; }
 die() { say "error: $*"; exit 1; }
 cd "$root"
-[ -f dist/cli/main.js ] || die "no dist/: npm run build"
+[ -f dist/handoff.js ] || die "no dist/: npm run build"
 [ -f native/build/Release/handoff_native.node ] || die "no native addon: npm run build:native"
 python=$(command -v python3.11 >/dev/null && readlink -f /usr/bin/python3.11 || true)
 [ -x "${python:-}" ] || die "no /usr/bin/python3.11 (Debian's python3)"
@@ -60,4 +60,4 @@ npm ls --omit=dev --all --parseable 2>/dev/null | tail -n +2 | while read -r pkg
   cp -a "$pkg" "$app/$rel"
 done
 python3 "$root/scripts/oci-image.py" --dir "$dir" --name "$name" --out "$out" --workdir /app \
-  --entrypoint '["node", "dist/cli/main.js"]' --cmd '["router"]' --env NODE_ENV=production --user 10001:10001
+  --entrypoint '["node", "dist/handoff.js"]' --cmd '["router"]' --env NODE_ENV=production --user 10001:10001

@@ -2,7 +2,7 @@
 """An OCI image archive from a directory, with no registry and no Docker (issue 22).
 
     scripts/oci-image.py --dir ROOTFS --name docker.io/library/handoff:test --out image.tar \
-        [--entrypoint '["node","dist/cli/main.js"]'] [--cmd '["router"]'] [--workdir /app] \
+        [--entrypoint '["node","dist/handoff.js"]'] [--cmd '["router"]'] [--workdir /app] \
         [--env K=V ...] [--user 10001:10001]
 
 The archive (an OCI image layout in a tar: oci-layout, index.json, blobs/sha256/...) holds one

@@ -201,7 +201,7 @@ t.test('engine pods in the Helm chart and the examples, against a real API serve
         `${role}: the script and the drain token mounted`,
       )
       const agent = tpl.spec.initContainers?.find((c) => c.name === 'transfer-agent')
-      t.match(agent, { restartPolicy: 'Always', command: ['node', 'dist/cli/main.js', 'agent'] }, `${role}: the agent as a native sidecar`)
+      t.match(agent, { restartPolicy: 'Always', command: ['node', 'dist/handoff.js', 'agent'] }, `${role}: the agent as a native sidecar`)
       t.equal(flag(agent?.command ?? [], '--router-url'), `http://r-handoff-admin.${ns}.svc:8002`, `${role}: the agent follows the router on the agent port`)
       t.same(
         sources.flatMap((s) => s.secret?.items?.map((i) => i.key) ?? []),
@@ -341,7 +341,7 @@ t.test('engine pods in the Helm chart and the examples, against a real API serve
     const items = await applyDryRun(kube, ns, await template('r', ns, [...ENGINES, '--set', 'engines.simulator.enabled=true', '--set', 'engines.simulator.args={--decode-queue-ms,500}']))
     const tpl = items.find((i) => i.kind === 'Deployment' && i.metadata.name === 'r-handoff-decode')?.spec?.template
     const sim = tpl?.spec.containers[0]
-    t.match(sim, { name: 'sim', image: 'handoff:0.1.0', command: ['node', 'dist/cli/main.js', 'sim'] }, 'the simulator from the handoff image')
+    t.match(sim, { name: 'sim', image: 'handoff:0.1.0', command: ['node', 'dist/handoff.js', 'sim'] }, 'the simulator from the handoff image')
     t.same(sim?.args, ['--role', 'decode', '--host', '0.0.0.0', '--port', '8000', '--model', 'Qwen/Qwen3-0.6B', '--lease-seconds', '30', '--side-channel-host', '$(VLLM_NIXL_SIDE_CHANNEL_HOST)', '--side-channel-port', '5600', '--decode-queue-ms', '500'])
     t.same(preStop(sim).slice(0, 2), ['python3', '/etc/handoff-drain/prestop-drain.py'], 'the same preStop drain')
     t.match(sim?.readinessProbe, { httpGet: { path: '/health' } }, 'the same probes')

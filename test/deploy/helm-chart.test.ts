@@ -128,7 +128,7 @@ t.test('the Helm chart against a real API server', { skip: needKube(t, { helm: t
     const { stdout } = await kube.helm(['template', 'r', chart, '--show-only', 'templates/deployment.yaml', ...ADMIN])
     const command = /command: (\[.*"router".*\])/.exec(stdout)?.[1]
     t.ok(command, 'the router’s command')
-    t.same(JSON.parse(command ?? '[]').slice(0, 1 + ROUTER_NODE_ARGS.length + 2), ['node', ...ROUTER_NODE_ARGS, 'dist/cli/main.js', 'router'])
+    t.same(JSON.parse(command ?? '[]').slice(0, 1 + ROUTER_NODE_ARGS.length + 2), ['node', ...ROUTER_NODE_ARGS, 'dist/handoff.js', 'router'])
   })
 
   // Issue 22 defect 5: nothing kept the routers off one node.

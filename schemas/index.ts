@@ -26,6 +26,9 @@ import {
   CompletionResponse,
   ErrorBody,
   ModelList,
+  TokenizeChatRequest,
+  TokenizeCompletionRequest,
+  TokenizeResponse,
   Usage,
 } from './openai.js'
 import { InstanceConfig, InstanceRole, RouterConfig } from './router-config.js'
@@ -46,6 +49,9 @@ export const sharedSchemas: readonly TSchema[] = [
   ChatCompletionResponse,
   CompletionChunk,
   ModelList,
+  TokenizeCompletionRequest,
+  TokenizeChatRequest,
+  TokenizeResponse,
   ErrorBody,
   InstanceRole,
   InstanceConfig,

@@ -164,6 +164,47 @@ export const ModelList = Type.Object(
 export type ModelList = Static<typeof ModelList>
 
 /**
+ * vLLM's `POST /tokenize` (vllm/entrypoints/serve/tokenize/protocol.py): the prompt's token ids
+ * as the engine sees them, its chat template applied. The router asks it for prefix-aware
+ * routing (docs/routing.md); the simulator serves it as vLLM does. The defaults are each
+ * endpoint's own: special tokens added for a completion prompt, not for a chat.
+ */
+export const TokenizeCompletionRequest = Type.Object(
+  {
+    model: Type.Optional(Type.Union([Type.String(), Type.Null()])),
+    prompt: Type.String(),
+    add_special_tokens: Type.Optional(Type.Boolean()),
+    return_token_strs: Type.Optional(Type.Union([Type.Boolean(), Type.Null()])),
+  },
+  { $id: 'TokenizeCompletionRequest', additionalProperties: true },
+)
+export type TokenizeCompletionRequest = Static<typeof TokenizeCompletionRequest>
+
+export const TokenizeChatRequest = Type.Object(
+  {
+    model: Type.Optional(Type.Union([Type.String(), Type.Null()])),
+    messages: Type.Array(Type.Ref('ChatMessage')),
+    add_generation_prompt: Type.Optional(Type.Boolean()),
+    continue_final_message: Type.Optional(Type.Boolean()),
+    add_special_tokens: Type.Optional(Type.Boolean()),
+    return_token_strs: Type.Optional(Type.Union([Type.Boolean(), Type.Null()])),
+  },
+  { $id: 'TokenizeChatRequest', additionalProperties: true },
+)
+export type TokenizeChatRequest = Static<typeof TokenizeChatRequest> & { messages: ChatMessage[] }
+
+export const TokenizeResponse = Type.Object(
+  {
+    count: Type.Integer({ minimum: 0 }),
+    max_model_len: Type.Integer({ minimum: 0 }),
+    tokens: Type.Array(Type.Integer({ minimum: 0 })),
+    token_strs: Type.Optional(Type.Union([Type.Array(Type.String()), Type.Null()])),
+  },
+  { $id: 'TokenizeResponse', additionalProperties: true },
+)
+export type TokenizeResponse = Static<typeof TokenizeResponse>
+
+/**
  * OpenAI's error body. `code` is handoff's stable error code (RTR_ERR_*), the thing clients
  * branch on; `type` is OpenAI's coarse class.
  */

@@ -108,6 +108,41 @@ export const RouterConfig = Type.Object(
       },
       { default: {}, additionalProperties: false },
     ),
+    // Prefix-aware selection (docs/routing.md): where the prefix index holds any of a prompt,
+    // the router asks an engine for the prompt's token ids and weighs each candidate's cached
+    // share against its load. `load`: power of two choices on load alone, as before.
+    routing: Type.Object(
+      {
+        policy: Type.Union([Type.Literal('prefix'), Type.Literal('load')], { default: 'prefix' }),
+        // A candidate's cost, in prompts' worth of prefill: the share of the prompt it must
+        // still compute (or, for D, pull) plus `loadWeight` for each request it has in flight.
+        prefill: Type.Object({ loadWeight: Type.Number({ minimum: 0, default: 0.5 }) }, { default: {}, additionalProperties: false }),
+        decode: Type.Object({ loadWeight: Type.Number({ minimum: 0, default: 1 }) }, { default: {}, additionalProperties: false }),
+        // Never for its cache alone: a candidate with more in flight than `ratio` × the mean
+        // of its side plus `slack` is not chosen for what it holds.
+        loadGuard: Type.Object(
+          { ratio: Type.Number({ minimum: 1, default: 1.5 }), slack: Type.Number({ minimum: 0, default: 2 }) },
+          { default: {}, additionalProperties: false },
+        ),
+        // Decode-only: a decoder that holds all but `maxUncachedTokens` of the prompt (the next
+        // turn of a conversation it decoded), or any decoder for a prompt of at most
+        // `maxPromptTokens`, serves it alone: no P leg, no lease, no NIXL read. 0 turns either off.
+        decodeOnly: Type.Object(
+          { maxUncachedTokens: Type.Integer({ minimum: 0, default: 128 }), maxPromptTokens: Type.Integer({ minimum: 0, default: 0 }) },
+          { default: {}, additionalProperties: false },
+        ),
+        // The engine's POST /tokenize: past this the request is routed on load alone.
+        tokenize: Type.Object(
+          {
+            timeoutMs: Type.Integer({ minimum: 1, default: 500 }),
+            // Token ids of recent prompts, by their text: a prompt sent again is not tokenized again.
+            cacheEntries: Type.Integer({ minimum: 0, default: 4096 }),
+          },
+          { default: {}, additionalProperties: false },
+        ),
+      },
+      { default: {}, additionalProperties: false },
+    ),
     pairing: Type.Object(
       {
         // `all`: every decoder may read from every prefiller; `label`: only within the same

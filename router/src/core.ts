@@ -19,6 +19,8 @@ import { PairBreakers } from './topology/pair-breakers.js'
 import { Prober, type HttpGet } from './topology/prober.js'
 import { TopologyRegistry } from './topology/registry.js'
 import { KvIndexer } from './routing/kv-indexer.js'
+import { PrefixRouting } from './routing/prefix-routing.js'
+import { PromptTokens } from './routing/prompt-tokens.js'
 
 /**
  * Everything a router is made of but its HTTP surface: the topology, the store (memory or
@@ -156,6 +158,31 @@ export async function openCore(config: RouterConfig, opts: CoreOptions): Promise
     queued: () => admission.queued,
     metrics: { limit: metrics.instanceLimit, changes: metrics.limitChanges, samples: metrics.engineLoadSamples },
   })
+  // Which prompt prefixes each engine holds, from the KV events of those that publish them.
+  const kv = new KvIndexer({
+    registry,
+    config: config.kvIndex,
+    log: log.child({ component: 'kv-index' }),
+    seed: Math.floor(random.next() * 0x7fffffff),
+    metrics: { blocks: metrics.kvIndexBlocks, batches: metrics.kvEventBatches, purges: metrics.kvIndexPurges },
+  })
+  // Prefix-aware selection on that index: a prompt's token ids from the engine's /tokenize.
+  const prefix = new PrefixRouting({
+    config: config.routing,
+    index: kv.index,
+    registry,
+    random,
+    tokens: new PromptTokens({
+      dispatcher,
+      ...config.routing.tokenize,
+      apiKey: config.upstreamApiKey,
+      onOutcome: (outcome, ms) => {
+        metrics.tokenize.inc({ outcome })
+        if (outcome !== 'ids') metrics.tokenizeDuration.observe(ms / 1000)
+      },
+    }),
+    metrics: { choices: metrics.routingChoices, cachedTokens: metrics.routingCachedTokens, decodeOnly: metrics.decodeOnly },
+  })
   const proxy = new CompletionProxy({
     registry,
     admission,
@@ -171,6 +198,7 @@ export async function openCore(config: RouterConfig, opts: CoreOptions): Promise
     maxHandoffsPerRequest: config.limits.maxHandoffsPerRequest,
     engineAnswered: (engineId) => events.engineAnswered(engineId),
     pairs,
+    prefix,
     ...(config.upstreamApiKey ? { upstreamApiKey: config.upstreamApiKey } : {}),
   })
   const prober = new Prober({
@@ -180,14 +208,6 @@ export async function openCore(config: RouterConfig, opts: CoreOptions): Promise
     log: log.child({ component: 'prober' }),
     intervalMs: config.health.intervalMs,
     timeoutMs: config.health.timeoutMs,
-  })
-  // Which prompt prefixes each engine holds, from the KV events of those that publish them.
-  const kv = new KvIndexer({
-    registry,
-    config: config.kvIndex,
-    log: log.child({ component: 'kv-index' }),
-    seed: Math.floor(random.next() * 0x7fffffff),
-    metrics: { blocks: metrics.kvIndexBlocks, batches: metrics.kvEventBatches, purges: metrics.kvIndexPurges },
   })
   const topologyLog = log.child({ component: 'topology' })
   registry.subscribe((change) => {

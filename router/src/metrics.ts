@@ -106,6 +106,36 @@ export function createRouterMetrics() {
       labelNames: ['reason'] as const,
       registers,
     }),
+    routingChoices: new Counter({
+      name: 'handoff_router_routing_choices_total',
+      help: "Prefix-aware choices of a leg's instance (docs/routing.md), by leg (prefill, decode, single) and reason (prefix: chosen for its cached share; load: the load pick won over holders; cold: no candidate held any of the prompt)",
+      labelNames: ['leg', 'reason'] as const,
+      registers,
+    }),
+    routingCachedTokens: new Counter({
+      name: 'handoff_router_routing_cached_tokens_total',
+      help: "Prompt tokens the chosen instance held in its KV cache by the router's prefix index, by leg: what the choice expects the engine not to compute (prefill, single) or not to pull (decode)",
+      labelNames: ['leg'] as const,
+      registers,
+    }),
+    decodeOnly: new Counter({
+      name: 'handoff_router_decode_only_total',
+      help: 'Requests sent to a decoder alone, with no prefill leg (docs/routing.md), by reason (held: the decoder holds all but routing.decodeOnly.maxUncachedTokens of the prompt; short: the prompt is at most routing.decodeOnly.maxPromptTokens)',
+      labelNames: ['reason'] as const,
+      registers,
+    }),
+    tokenize: new Counter({
+      name: 'handoff_router_tokenize_total',
+      help: "Prompts' token ids for prefix-aware routing, by outcome (tokenized: the engine's /tokenize answered; cached: known from an earlier request; ids: the prompt was token ids; failed: routed on load alone)",
+      labelNames: ['outcome'] as const,
+      registers,
+    }),
+    tokenizeDuration: new Histogram({
+      name: 'handoff_router_tokenize_duration_seconds',
+      help: "Time to a prompt's token ids for prefix-aware routing (an engine's /tokenize, or the router's cache)",
+      buckets: [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5],
+      registers,
+    }),
     engineNotifications: new Counter({
       name: 'handoff_router_engine_notifications_total',
       help: 'peer_gone calls to engines without an agent (engine mode), by outcome (ok, failed, not_configured)',

@@ -25,6 +25,7 @@ import { SeqSlots } from './seq-slots.js'
 import { completionRoutes } from './routes/completions.js'
 import { infoRoutes } from './routes/info.js'
 import { simAdminRoutes } from './routes/sim-admin.js'
+import { tokenizeRoutes } from './routes/tokenize.js'
 
 export interface SimDeps {
   config: Readonly<SimConfig>
@@ -240,6 +241,7 @@ export function buildApp(deps: SimDeps): FastifyInstance {
   app.register(completionRoutes, ctx)
   app.register(infoRoutes, ctx)
   app.register(simAdminRoutes, ctx)
+  app.register(tokenizeRoutes, ctx)
 
   // preClose, not onClose: the server waits for open connections before onClose runs, so a
   // stalled request would otherwise hold shutdown for its whole stall.

@@ -2,6 +2,7 @@ import type { Gauge, Histogram } from 'prom-client'
 import type { Clock, ClockTimer } from '../../../common/clock.js'
 import type { Random } from '../../../common/random.js'
 import { RTR_ERR_MODEL_NOT_FOUND, RTR_ERR_NO_INSTANCE, RTR_ERR_OVERLOADED } from '../errors.js'
+import type { PrefixPreference } from '../routing/prefix-choice.js'
 import type { InstanceView, TopologyRegistry } from '../topology/registry.js'
 import type { Route } from '../topology/selection.js'
 
@@ -22,6 +23,8 @@ export interface AdmissionRequest {
   model: string
   signal: AbortSignal
   onMode(mode: Route['mode']): void
+  /** The prompt's prefix lookup (routing/prefix-routing.ts): selection may prefer a holder. */
+  prefix?: PrefixPreference
 }
 
 interface Waiter {
@@ -126,7 +129,7 @@ export class Admission {
   /** A route with acquired slots; undefined when all are full; an error when none can serve. */
   #tryAcquire(req: AdmissionRequest): Route | Error | undefined {
     const { registry, random } = this.#o
-    const sel = registry.select(req.model, random, this.#blocked())
+    const sel = registry.select(req.model, random, req.prefix ? { ...this.#blocked(), prefix: req.prefix } : this.#blocked())
     if (!sel) return new RTR_ERR_NO_INSTANCE(req.model)
     req.onMode(sel.mode === 'full' ? sel.of : sel.mode)
     if (sel.mode === 'full') return undefined

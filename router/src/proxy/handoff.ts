@@ -3,6 +3,7 @@ import type { Random } from '../../../common/random.js'
 import { isCompleteHandoff } from '../../../schemas/kv-transfer-params.js'
 import type { Admission } from '../admission/admission.js'
 import { RTR_ERR_LATE_READ, RTR_ERR_LEASE_LAPSED } from '../errors.js'
+import type { PrefixRouting, RoutingNote } from '../routing/prefix-routing.js'
 import { generatedTokens, maxTokensOf, type DecodePace } from '../leases/decode-pace.js'
 import type { RouterMetrics } from '../metrics.js'
 import type { InstanceView, TopologyRegistry } from '../topology/registry.js'
@@ -40,6 +41,8 @@ export interface HandoffDeps {
    * proven by D's whole answer instead of a streamed leg. Absent: always streamed.
    */
   pace?: DecodePace
+  /** Prefix-aware selection (routing/prefix-routing.ts); absent: load alone. */
+  prefix?: PrefixRouting
 }
 
 type Body = Record<string, unknown>
@@ -125,7 +128,10 @@ export class HandoffRunner {
   async run(ex: Exchange, body: BodyView, path: string): Promise<Answer> {
     const model = body.get('model') as string
     const h = ex.handoff(this.#newId())
-    const route = await this.#d.admission.admit({ model, signal: ex.signal, onMode: (m) => (ex.mode = m) })
+    const note: RoutingNote = { tokens: 0, legs: {} }
+    const prefix = await this.#d.prefix?.preference(isChatPath(path), (k) => body.get(k), ex.signal, note)
+    const route = await this.#d.admission.admit({ model, signal: ex.signal, onMode: (m) => (ex.mode = m), ...(prefix ? { prefix } : {}) })
+    if (prefix) ex.log.debug({ handoff: h.engineRequestId, routing: note }, 'prefix-aware route')
     ex.hold(route)
     if (route.mode === 'single') {
       const leg: DecodeLeg = { view: decodeView(body, undefined), assemble: false, proveWhole: false }

@@ -205,6 +205,12 @@ export class PrefixIndex {
     return this.#engines.get(engineId)?.byEngineHash.size ?? 0
   }
 
+  /** Whether any engine's index holds a block (else no prompt can hit: no lookup is worth it). */
+  holdsAny(): boolean {
+    for (const e of this.#engines.values()) if (e.blocks.size > 0) return true
+    return false
+  }
+
   engines(): string[] {
     return [...this.#engines.keys()]
   }

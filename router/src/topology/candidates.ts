@@ -1,5 +1,7 @@
 import type { Random } from '../../../common/random.js'
+import { decodeAlone, preferCached } from '../routing/prefix-choice.js'
 import type { InstanceRole } from '../../../schemas/router-config.js'
+import type { PrefixPreference } from '../routing/prefix-choice.js'
 import { pickLeastLoaded, type PairingPolicy, type PickLimits } from './selection.js'
 
 /** What the index reads of an instance: the registry's own live record. */
@@ -56,6 +58,9 @@ interface Group {
 
 /** Where an instance is filed: nowhere (not eligible), or a group's side, open or full. */
 interface Filed {
+  candidate: Candidate
+  /** Its inflight when filed: the side's sum moves by the difference (a leg's mean, for the load guard). */
+  inflight: number
   group: Group
   key: string
   side: 'p' | 'd'
@@ -91,6 +96,8 @@ export class CandidateIndex {
   #unknown = 0
   #eligible = 0
   #decoders = 0
+  /** In flight on the eligible prefillers and decoders, for the load guard's means. */
+  readonly #inflight = { p: 0, d: 0 }
 
   constructor(pairing: PairingPolicy) {
     this.#pairing = pairing
@@ -107,6 +114,8 @@ export class CandidateIndex {
     const s = c.role === 'prefill' ? 'p' : 'd'
     const open = c.inflight < c.limit
     if (was && was.key === key && was.side === s && was.models === c.models) {
+      this.#inflight[s] += c.inflight - was.inflight
+      was.inflight = c.inflight
       if (was.open === open) return
       const bucket = was.group[s]
       ;(was.open ? bucket.open : bucket.full).delete(c)
@@ -121,7 +130,8 @@ export class CandidateIndex {
       this.#groups.set(key, group)
     }
     ;(open ? group[s].open : group[s].full).add(c)
-    this.#filed.set(c.id, { group, key, side: s, open, models: c.models })
+    this.#filed.set(c.id, { candidate: c, inflight: c.inflight, group, key, side: s, open, models: c.models })
+    this.#inflight[s] += c.inflight
     this.#eligible++
     if (s === 'd') this.#decoders++
     this.#countModels(c.models, 1)
@@ -149,10 +159,17 @@ export class CandidateIndex {
         open += g.p.open.size
       }
       if (open === 0) return { mode: 'full', of: 'pd' }
-      const prefill = this.#leastLoadedOf(groups, open, 'p', random)
-      const group = (this.#filed.get(prefill.id) as Filed).group
-      const decode = pickLeastLoaded(this.#two(group.d.open, random), random) as Candidate
-      return { mode: 'pd', prefill, decode }
+      const alone = limits.prefix && this.#alone(groups, random, limits.prefix)
+      if (alone) return { mode: 'single', target: alone }
+      let prefill = this.#leastLoadedOf(groups, open, 'p', random)
+      if (limits.prefix) {
+        const usable = (id: string): Candidate | undefined => {
+          const f = this.#filed.get(id)
+          return f && f.side === 'p' && f.open && f.group.d.open.size > 0 && this.#paired.has(f.group) ? f.candidate : undefined
+        }
+        prefill = preferCached('prefill', prefill, usable, this.#mean('p'), limits.prefix)
+      }
+      return { mode: 'pd', prefill, decode: this.#decoderFor(prefill, random, limits) as Candidate }
     }
     if (this.#decoders === 0) return undefined
     const groups: Group[] = []
@@ -163,14 +180,52 @@ export class CandidateIndex {
       open += g.d.open.size
     }
     if (open === 0) return { mode: 'full', of: 'single' }
-    return { mode: 'single', target: this.#leastLoadedOf(groups, open, 'd', random) }
+    const target = this.#leastLoadedOf(groups, open, 'd', random)
+    if (!limits.prefix) return { mode: 'single', target }
+    const usable = (id: string): Candidate | undefined => {
+      const f = this.#filed.get(id)
+      return f && f.side === 'd' && f.open ? f.candidate : undefined
+    }
+    return { mode: 'single', target: preferCached('single', target, usable, this.#mean('d'), limits.prefix) }
   }
 
   /** `selectDecoder`'s answer for `prefill` (a filed prefiller), or null when not exact. */
   pickDecoder(prefill: Candidate, model: string, random: Random, limits: PickLimits): Candidate | undefined | null {
     const filed = this.#filed.get(prefill.id)
     if (!filed || filed.side !== 'p' || !this.#exact(model, limits)) return null
-    return pickLeastLoaded(this.#two(filed.group.d.open, random), random)
+    return this.#decoderFor(prefill, random, limits)
+  }
+
+  /** A decoder of `prefill`'s group with room: the load pick, or a cheaper holder of the prompt. */
+  #decoderFor(prefill: Candidate, random: Random, limits: PickLimits): Candidate | undefined {
+    const group = (this.#filed.get(prefill.id) as Filed).group
+    const decode = pickLeastLoaded(this.#two(group.d.open, random), random)
+    if (!decode || !limits.prefix) return decode
+    const usable = (id: string): Candidate | undefined => {
+      const f = this.#filed.get(id)
+      return f && f.side === 'd' && f.open && f.group === group ? f.candidate : undefined
+    }
+    return preferCached('decode', decode, usable, this.#mean('d'), limits.prefix)
+  }
+
+  /** Decode-only (routing/prefix-choice.ts): a decoder with room that serves the prompt alone, if any. */
+  #alone(groups: readonly Group[], random: Random, prefix: PrefixPreference): Candidate | undefined {
+    const decoder = (id: string): Candidate | undefined => {
+      const f = this.#filed.get(id)
+      return f && f.side === 'd' && f.open ? f.candidate : undefined
+    }
+    const held = decodeAlone(decoder, this.#mean('d'), prefix)
+    if (held || prefix.alone(0) !== 'short') return held
+    let open = 0
+    for (const g of groups) open += g.d.open.size
+    prefix.wentAlone('short')
+    return preferCached('single', this.#leastLoadedOf(groups, open, 'd', random), decoder, this.#mean('d'), prefix)
+  }
+
+  /** Mean in flight on one side's eligible instances. */
+  #mean(s: 'p' | 'd'): number {
+    const n = s === 'd' ? this.#decoders : this.#eligible - this.#decoders
+    return n > 0 ? this.#inflight[s] / n : 0
   }
 
   #exact(model: string, limits: PickLimits): boolean {
@@ -214,6 +269,7 @@ export class CandidateIndex {
     const bucket = was.group[was.side]
     ;(was.open ? bucket.open : bucket.full).delete(c)
     this.#filed.delete(c.id)
+    this.#inflight[was.side] -= was.inflight
     this.#eligible--
     if (was.side === 'd') this.#decoders--
     this.#countModels(was.models, -1)

@@ -1,4 +1,5 @@
 import type { Random } from '../../../common/random.js'
+import { decodeAlone, preferCached, type Leg, type PrefixPreference } from '../routing/prefix-choice.js'
 import type { InstanceView, TopologySnapshot } from './registry.js'
 
 export interface PairingPolicy {
@@ -38,6 +39,16 @@ export interface PickLimits {
   exclude?: ReadonlySet<string>
   /** Pairs resting after KV-load failures (pair-breakers.ts): one more pairing filter. */
   blocked?: (prefill: string, decode: string) => boolean
+  /** The prompt's prefix index lookup: a holder may win over the load pick (routing/prefix-choice.ts). */
+  prefix?: PrefixPreference
+}
+
+/** `pick`, or a cheaper holder of the prompt among `open` when the limits carry a prefix lookup. */
+function preferred<T extends InstanceView>(leg: Leg, pick: T | undefined, open: readonly T[], all: readonly T[], prefix: PrefixPreference | undefined): T | undefined {
+  if (!pick || !prefix) return pick
+  const byId = new Map(open.map((i) => [i.id, i]))
+  const mean = all.reduce((n, i) => n + i.inflight, 0) / all.length
+  return preferCached(leg, pick, (id) => byId.get(id), mean, prefix)
 }
 
 /** A route, or `full`: a healthy route exists but every candidate is at its limit (queue). */
@@ -51,6 +62,18 @@ const NO_LIMITS: PickLimits = {}
  * with a healthy decoder, else one instance that prefills locally. Capacity then picks among
  * those; when all are at their limit the answer is `full`, never a fallback to another mode.
  */
+/** Decode-only among `decoders` with room (routing/prefix-choice.ts), if the prompt may go to one alone. */
+function aloneOn(decoders: readonly InstanceView[], room: (i: InstanceView) => boolean, random: Random, prefix: PrefixPreference | undefined): InstanceView | undefined {
+  if (!prefix) return undefined
+  const free = decoders.filter(room)
+  const byId = new Map(free.map((i) => [i.id, i]))
+  const mean = decoders.reduce((n, i) => n + i.inflight, 0) / decoders.length
+  const held = decodeAlone((id) => byId.get(id), mean, prefix)
+  if (held || prefix.alone(0) !== 'short') return held
+  prefix.wentAlone('short')
+  return preferred('single', pickLeastLoaded(free, random), free, decoders, prefix)
+}
+
 export function selectRoute(
   snapshot: TopologySnapshot,
   model: string,
@@ -65,16 +88,17 @@ export function selectRoute(
   const prefillers = snapshot.instances.filter((p) => p.role === 'prefill' && usable(p) && decoders.some((d) => pairs(p, d)))
   if (prefillers.length > 0) {
     const open = prefillers.filter((p) => room(p) && decoders.some((d) => room(d) && pairs(p, d)))
-    const prefill = pickLeastLoaded(open, random)
+    const alone = open.length > 0 ? aloneOn(decoders, room, random, limits.prefix) : undefined
+    if (alone) return { mode: 'single', target: alone }
+    const prefill = preferred('prefill', pickLeastLoaded(open, random), open, prefillers, limits.prefix)
     if (!prefill) return { mode: 'full', of: 'pd' }
-    const decode = pickLeastLoaded(
-      decoders.filter((d) => room(d) && pairs(prefill, d)),
-      random,
-    ) as InstanceView
+    const its = decoders.filter((d) => room(d) && pairs(prefill, d))
+    const decode = preferred('decode', pickLeastLoaded(its, random), its, decoders, limits.prefix) as InstanceView
     return { mode: 'pd', prefill, decode }
   }
   if (decoders.length === 0) return undefined
-  const target = pickLeastLoaded(decoders.filter(room), random)
+  const free = decoders.filter(room)
+  const target = preferred('single', pickLeastLoaded(free, random), free, decoders, limits.prefix)
   return target ? { mode: 'single', target } : { mode: 'full', of: 'single' }
 }
 
@@ -96,5 +120,6 @@ export function selectDecoder(
       paired(prefill, d, pairing) &&
       !limits.blocked?.(prefill.id, d.id),
   )
-  return pickLeastLoaded(candidates, random)
+  const all = snapshot.instances.filter((d) => d.role !== 'prefill' && serves(d, model))
+  return preferred('decode', pickLeastLoaded(candidates, random), candidates, all, limits.prefix)
 }

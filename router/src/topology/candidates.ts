@@ -1,7 +1,6 @@
 import type { Random } from '../../../common/random.js'
-import { decodeAlone, preferCached } from '../routing/prefix-choice.js'
 import type { InstanceRole } from '../../../schemas/router-config.js'
-import type { PrefixPreference } from '../routing/prefix-choice.js'
+import { decodeAlone, preferCached, type PrefixPreference } from '../routing/prefix-choice.js'
 import { pickLeastLoaded, type PairingPolicy, type PickLimits } from './selection.js'
 
 /** What the index reads of an instance: the registry's own live record. */

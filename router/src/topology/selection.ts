@@ -56,12 +56,6 @@ export type Selection = Route | { mode: 'full'; of: Route['mode'] }
 
 const NO_LIMITS: PickLimits = {}
 
-/**
- * Chooses where a request for `model` goes. Pure: same snapshot and random draws, same
- * answer. The mode is decided by health alone: a P/D pair when a healthy prefiller is paired
- * with a healthy decoder, else one instance that prefills locally. Capacity then picks among
- * those; when all are at their limit the answer is `full`, never a fallback to another mode.
- */
 /** Decode-only among `decoders` with room (routing/prefix-choice.ts), if the prompt may go to one alone. */
 function aloneOn(decoders: readonly InstanceView[], room: (i: InstanceView) => boolean, random: Random, prefix: PrefixPreference | undefined): InstanceView | undefined {
   if (!prefix) return undefined
@@ -74,6 +68,14 @@ function aloneOn(decoders: readonly InstanceView[], room: (i: InstanceView) => b
   return preferred('single', pickLeastLoaded(free, random), free, decoders, prefix)
 }
 
+/**
+ * Chooses where a request for `model` goes. Pure: same snapshot and random draws, same
+ * answer. The mode is decided by health alone: a P/D pair when a healthy prefiller is paired
+ * with a healthy decoder, else one instance that prefills locally. Capacity then picks among
+ * those; when all are at their limit the answer is `full`, never a fallback to another mode.
+ * The one exception is the prompt's own (`limits.prefix`): a P/D route may go decode-only, to
+ * a decoder that holds nearly all of the prompt (routing/prefix-choice.ts).
+ */
 export function selectRoute(
   snapshot: TopologySnapshot,
   model: string,

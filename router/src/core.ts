@@ -164,7 +164,13 @@ export async function openCore(config: RouterConfig, opts: CoreOptions): Promise
     config: config.kvIndex,
     log: log.child({ component: 'kv-index' }),
     seed: Math.floor(random.next() * 0x7fffffff),
-    metrics: { blocks: metrics.kvIndexBlocks, batches: metrics.kvEventBatches, purges: metrics.kvIndexPurges },
+    metrics: {
+      blocks: metrics.kvIndexBlocks,
+      batches: metrics.kvEventBatches,
+      purges: metrics.kvIndexPurges,
+      evicted: metrics.kvIndexEvicted,
+      unindexed: metrics.kvIndexUnindexed,
+    },
   })
   // Prefix-aware selection on that index: a prompt's token ids from the engine's /tokenize.
   const prefix = new PrefixRouting({

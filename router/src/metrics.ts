@@ -106,6 +106,16 @@ export function createRouterMetrics() {
       labelNames: ['reason'] as const,
       registers,
     }),
+    kvIndexEvicted: new Counter({
+      name: 'handoff_router_kv_index_evicted_blocks_total',
+      help: "Blocks the router's prefix index dropped to keep an instance within kvIndex.maxBlocksPerEngine (the oldest stored first)",
+      registers,
+    }),
+    kvIndexUnindexed: new Counter({
+      name: 'handoff_router_kv_index_unindexed_blocks_total',
+      help: "Blocks engines announced that the prefix index left out: their parent block was not indexed (an event lost, or evicted here), or their hash covers more than their tokens (LoRA, cache_salt, multimodal)",
+      registers,
+    }),
     routingChoices: new Counter({
       name: 'handoff_router_routing_choices_total',
       help: "Prefix-aware choices of a leg's instance (docs/routing.md), by leg (prefill, decode, single) and reason (prefix: chosen for its cached share; load: the load pick won over holders; cold: no candidate held any of the prompt)",

@@ -77,3 +77,23 @@ t.test('instances with kvEvents are followed while they are in the topology; the
   t.equal(blocksMetric((await get(`${url}/metrics`)).text, 'p0'), undefined, 'and its series')
   t.match((await get(`${url}/metrics`)).text, /^handoff_router_kv_index_purges_total\{reason="removed"\} 1/m)
 })
+
+t.test('the per-engine bound drops the oldest blocks and counts them; blocks past a dropped parent are counted unindexed', async (t) => {
+  const events = JSON.stringify({ enable_kv_cache_events: true, endpoint: 'tcp://*:0', replay_endpoint: 'tcp://*:0' })
+  const p = await startSim(t, ['--role', 'prefill', '--num-gpu-blocks-override', '256', '--kv-events-config', events])
+  const info = (await get(`${p.url}/sim/info`)).json<SimInfo>().kvEvents
+  const { app, url } = await startRouter(t, [{ id: 'p0', role: 'prefill', url: p.url, kvEvents: { endpoint: info.endpoint, replayEndpoint: info.replayEndpoint ?? undefined } }], {
+    probe: false,
+    kvIndex: { maxBlocksPerEngine: 4 },
+  })
+  await new Promise((r) => setTimeout(r, 200))
+  const long = words('long', 200)
+  await post(`${p.url}/v1/completions`, { model: MODEL, prompt: long, max_tokens: 1, kv_transfer_params: { do_remote_decode: true } })
+  t.ok(await waitFor(async () => /^handoff_router_kv_index_evicted_blocks_total [1-9]/m.test((await get(`${url}/metrics`)).text)), 'evictions are counted')
+  t.ok(app.kv.index.blocks('p0') <= 4, `and the index holds at most the bound (${app.kv.index.blocks('p0')})`)
+  // Another prompt pushes every block of the first out of the index (not out of P's cache); the
+  // first prompt and more then extends a parent the index no longer holds.
+  await post(`${p.url}/v1/completions`, { model: MODEL, prompt: words('other', 200), max_tokens: 1, kv_transfer_params: { do_remote_decode: true } })
+  await post(`${p.url}/v1/completions`, { model: MODEL, prompt: `${long} ${words('more', 100)}`, max_tokens: 1, kv_transfer_params: { do_remote_decode: true } })
+  t.ok(await waitFor(async () => /^handoff_router_kv_index_unindexed_blocks_total [1-9]/m.test((await get(`${url}/metrics`)).text)), 'the blocks past a dropped parent are counted unindexed')
+})

@@ -13,8 +13,8 @@ import { PrefixIndex } from './prefix-index.js'
  *   its feed closes and its blocks go.
  * - A new engine_id at the instance (the engine restarted) purges its blocks: a restarted
  *   engine holds nothing, whether or not its feed saw the publisher start over.
- * - Bounded (config.kvIndex): blocks per engine, engines. (What the bounds drop is not yet
- *   counted in metrics: `Applied.evicted` is there for it.)
+ * - Bounded (config.kvIndex): blocks per engine, engines; the blocks the per-engine bound drops
+ *   are counted (handoff_router_kv_index_evicted_blocks_total).
  * Data-parallel ranks past 0 publish on further ports (vLLM's offset_endpoint_port); only rank
  * 0's endpoint, the one configured, is followed for now.
  */
@@ -24,6 +24,10 @@ export interface KvIndexerMetrics {
   batches: Counter<'instance'>
   /** The index of an instance purged, by reason: gap, unreadable, restart, engine_id, removed. */
   purges: Counter<'reason'>
+  /** Blocks dropped to keep an engine within kvIndex.maxBlocksPerEngine. */
+  evicted: Counter
+  /** Blocks announced but not indexed: their parent unknown, or keyed by more than their tokens. */
+  unindexed: Counter
 }
 
 export interface KvIndexerOptions {
@@ -75,8 +79,10 @@ export class KvIndexer {
       index: this.index,
       log,
       replayTimeoutMs: this.#o.config.replayTimeoutMs,
-      onApplied: () => {
+      onApplied: (applied) => {
         metrics?.batches.inc({ instance: instanceId })
+        if (applied.evicted > 0) metrics?.evicted.inc(applied.evicted)
+        if (applied.orphaned + applied.keyed > 0) metrics?.unindexed.inc(applied.orphaned + applied.keyed)
         metrics?.blocks.set({ instance: instanceId }, this.index.blocks(instanceId))
       },
       onPurged: (reason) => {

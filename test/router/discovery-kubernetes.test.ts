@@ -207,6 +207,22 @@ t.test('kubernetes discovery against a real API server', { skip: needKube(t) }, 
     t.same(last, { ...last, engineIds: ['engine-b'], addresses: [] }, 'b published no valid port: no address')
   })
 
+  // Issue 39: an engine pod says where it publishes its KV events; the router follows them.
+  t.test('a pod’s KV-events annotations become the instance’s kvEvents', async (t) => {
+    const ns = await namespace(kube)
+    const router = await startDiscoveringRouter(t, kube, ns, { prefill: { ...PREFILL, port: 9 } }, { probe: false })
+    const [a, b] = ['kv-a', 'kv-b'].map((n) => podInstanceId(ns, n)) as [string, string]
+    const annotations = { 'handoff.dev/kv-events-port': '5557', 'handoff.dev/kv-events-replay-port': '5558', 'handoff.dev/kv-events-topic': 'kv' }
+    await kube.createPod(ns, 'kv-a', { labels: { app: 'engine', role: 'prefill' }, annotations })
+    await kube.setPodStatus(ns, 'kv-a', { ready: true, podIP: '127.0.0.31' })
+    await kube.createPod(ns, 'kv-b', { labels: { app: 'engine', role: 'prefill' }, annotations: { 'handoff.dev/kv-events-port': '70000' } })
+    await kube.setPodStatus(ns, 'kv-b', { ready: true, podIP: '127.0.0.32' })
+    t.ok(await waitFor(() => router.app.topology.has(a) && router.app.topology.has(b), 2000), 'both joined')
+    t.same(router.app.topology.describe(a)?.kvEvents, { endpoint: 'tcp://127.0.0.31:5557', replayEndpoint: 'tcp://127.0.0.31:5558', topic: 'kv' }, 'the pod’s endpoints at its IP')
+    t.equal(router.app.topology.describe(b)?.kvEvents, undefined, 'a malformed port is ignored')
+    t.same(router.app.kv.following, [a], 'the router follows the one that publishes')
+  })
+
   t.test('a pod recreated under the same name is a new incarnation: the old one is retired (peer_gone)', async (t) => {
     const ns = await namespace(kube)
     const router = await startDiscoveringRouter(t, kube, ns, { prefill: { ...PREFILL, port: 9 } }, { probe: false })

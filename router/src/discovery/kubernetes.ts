@@ -12,6 +12,16 @@ import { KubeHttp, WatchIdleError } from './kube-http.js'
 export const SIDE_CHANNEL_PORT_ANNOTATION = 'handoff.dev/side-channel-port'
 
 /**
+ * Where a pod's engine publishes its KV events (vLLM's --kv-events-config endpoint, bound as
+ * `tcp://*:PORT`) and its replay socket: the router follows them for prefix-aware routing
+ * (docs/routing.md). The chart's vLLM engine pods set them.
+ */
+export const KV_EVENTS_PORT_ANNOTATION = 'handoff.dev/kv-events-port'
+export const KV_EVENTS_REPLAY_PORT_ANNOTATION = 'handoff.dev/kv-events-replay-port'
+/** The topic the engine publishes on (vLLM's `topic`; default empty). */
+export const KV_EVENTS_TOPIC_ANNOTATION = 'handoff.dev/kv-events-topic'
+
+/**
  * What discovery needs from the topology: the registry and the drainer satisfy it (app.ts
  * wires them); tests may pass their own. Every call may be async, and discovery awaits each
  * before it looks at the next change, so a pod's instance never races its own retirement.
@@ -103,6 +113,24 @@ function podLabels(pod: V1Pod, ip: string): Record<string, string> {
   return labels
 }
 
+const portAnnotation = (pod: V1Pod, key: string): number | undefined => {
+  const v = pod.metadata?.annotations?.[key]
+  return v !== undefined && /^[0-9]{1,5}$/.test(v) && Number(v) >= 1 && Number(v) <= 65535 ? Number(v) : undefined
+}
+
+/** The instance's kvEvents from the pod's KV_EVENTS_* annotations (none: it publishes none, or they are malformed). */
+function podKvEvents(pod: V1Pod, ip: string): InstanceConfig['kvEvents'] {
+  const port = portAnnotation(pod, KV_EVENTS_PORT_ANNOTATION)
+  if (port === undefined) return undefined
+  const replay = portAnnotation(pod, KV_EVENTS_REPLAY_PORT_ANNOTATION)
+  const topic = pod.metadata?.annotations?.[KV_EVENTS_TOPIC_ANNOTATION]
+  return {
+    endpoint: `tcp://${hostPort(ip, port)}`,
+    ...(replay !== undefined ? { replayEndpoint: `tcp://${hostPort(ip, replay)}` } : {}),
+    ...(topic !== undefined ? { topic } : {}),
+  }
+}
+
 /** One incarnation of a pod, as it stands in the topology. */
 interface Tracked {
   id: string
@@ -192,7 +220,7 @@ export async function startKubernetesDiscovery(opts: StartKubernetesDiscoveryOpt
     const ip = pod && serving(pod)
     const want =
       pod && role && ip
-        ? { uid: pod.metadata?.uid ?? '', role, url: `http://${hostPort(ip, portOf(role))}`, labels: podLabels(pod, ip) }
+        ? { uid: pod.metadata?.uid ?? '', role, url: `http://${hostPort(ip, portOf(role))}`, labels: podLabels(pod, ip), kvEvents: podKvEvents(pod, ip) }
         : undefined
 
     const t = tracked.get(name)
@@ -232,7 +260,7 @@ export async function startKubernetesDiscovery(opts: StartKubernetesDiscoveryOpt
     }
     tracked.set(name, { id, uid: want.uid, role: want.role, url: want.url, draining: false, going: false })
     logger.info({ instance: id, role: want.role, url: want.url, uid: want.uid }, 'kubernetes discovery: pod ready; instance added')
-    await target.add({ id, role: want.role, url: want.url, labels: want.labels })
+    await target.add({ id, role: want.role, url: want.url, labels: want.labels, ...(want.kvEvents ? { kvEvents: want.kvEvents } : {}) })
   }
 
   // An instance of ours left (drained, or deleted by hand): forget it, and look at its pod

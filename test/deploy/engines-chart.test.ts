@@ -178,6 +178,13 @@ t.test('engine pods in the Helm chart and the examples, against a real API serve
       t.ok(vllm?.volumeMounts?.some((m) => m.name === 'dshm' && m.mountPath === '/dev/shm'), `${role}: mounted at /dev/shm`)
       t.equal(tpl.metadata.annotations?.['handoff.dev/side-channel-port'], '5600', `${role}: the side-channel port published for discovery`)
       t.equal(vllm?.env?.find((e) => e.name === 'VLLM_NIXL_SIDE_CHANNEL_PORT')?.value, '5600', `${role}: the same port vLLM listens on`)
+      // Issue 39: the engines publish their KV cache events where the annotations say.
+      t.equal(
+        flag(vllm?.args ?? [], '--kv-events-config'),
+        '{"enable_kv_cache_events":true,"endpoint":"tcp://*:5557","publisher":"zmq","replay_endpoint":"tcp://*:5558"}',
+        `${role}: vLLM publishes its KV events`,
+      )
+      t.match(tpl.metadata.annotations, { 'handoff.dev/kv-events-port': '5557', 'handoff.dev/kv-events-replay-port': '5558' }, `${role}: at the ports its annotations publish for discovery`)
       const pdb = items.find((i) => i.kind === 'PodDisruptionBudget' && i.metadata.name === `r-handoff-${role}`)
       t.equal(pdb?.spec?.maxUnavailable, 1, `${role}: a PodDisruptionBudget, one at a time`)
       t.ok(Object.entries(pdb?.spec?.selector?.matchLabels ?? { none: 'x' }).every(([k, v]) => tpl.metadata.labels[k] === v), `${role}: over its pods`)
@@ -342,7 +349,7 @@ t.test('engine pods in the Helm chart and the examples, against a real API serve
     const tpl = items.find((i) => i.kind === 'Deployment' && i.metadata.name === 'r-handoff-decode')?.spec?.template
     const sim = tpl?.spec.containers[0]
     t.match(sim, { name: 'sim', image: 'handoff:0.1.0', command: ['node', 'dist/handoff.js', 'sim'] }, 'the simulator from the handoff image')
-    t.same(sim?.args, ['--role', 'decode', '--host', '0.0.0.0', '--port', '8000', '--model', 'Qwen/Qwen3-0.6B', '--lease-seconds', '30', '--side-channel-host', '$(VLLM_NIXL_SIDE_CHANNEL_HOST)', '--side-channel-port', '5600', '--decode-queue-ms', '500'])
+    t.same(sim?.args, ['--role', 'decode', '--host', '0.0.0.0', '--port', '8000', '--model', 'Qwen/Qwen3-0.6B', '--lease-seconds', '30', '--side-channel-host', '$(VLLM_NIXL_SIDE_CHANNEL_HOST)', '--side-channel-port', '5600', '--kv-events-config', '{"enable_kv_cache_events":true,"endpoint":"tcp://*:5557","publisher":"zmq","replay_endpoint":"tcp://*:5558"}', '--decode-queue-ms', '500'])
     t.same(preStop(sim).slice(0, 2), ['python3', '/etc/handoff-drain/prestop-drain.py'], 'the same preStop drain')
     t.match(sim?.readinessProbe, { httpGet: { path: '/health' } }, 'the same probes')
     const fails = await kube.helm(['template', 'r', chart, ...ENGINES, ...AGENT, '--set', 'engines.simulator.enabled=true']).then(
@@ -350,6 +357,11 @@ t.test('engine pods in the Helm chart and the examples, against a real API serve
       (e: { stderr?: string }) => e.stderr ?? '',
     )
     t.match(fails, /engines\.simulator with engines\.agent\.enabled is not wired/)
+    // engines.kvEvents off: no events, nothing for discovery to follow (the router routes on load).
+    const off = await applyDryRun(kube, ns, await template('r', ns, [...ENGINES, '--set', 'engines.simulator.enabled=true', '--set', 'engines.kvEvents.enabled=false']))
+    const offTpl = off.find((i) => i.kind === 'Deployment' && i.metadata.name === 'r-handoff-decode')?.spec?.template
+    t.equal(flag(offTpl?.spec.containers[0]?.args ?? [], '--kv-events-config'), undefined, 'kvEvents off: no --kv-events-config')
+    t.equal(offTpl?.metadata.annotations?.['handoff.dev/kv-events-port'], undefined, 'and no annotation')
   })
 
   t.test('bad engine values fail at render time with the reason', async (t) => {

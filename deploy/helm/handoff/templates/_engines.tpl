@@ -137,3 +137,13 @@ and the agents' --lease-seconds come from the same value (issue 17 item 3).
 {{- $_ := set $kv "kv_connector_extra_config" $extra }}
 {{- toJson $kv }}
 {{- end }}
+
+{{- /*
+vLLM's --kv-events-config (the simulator takes the same JSON): the PUB socket and the replay
+socket bound on every interface at engines.kvEvents' ports, which the pod's annotations publish
+for the router's discovery.
+*/}}
+{{- define "handoff.kvEventsConfig" -}}
+{{- $k := .Values.engines.kvEvents }}
+{{- dict "enable_kv_cache_events" true "publisher" "zmq" "endpoint" (printf "tcp://*:%v" $k.port) "replay_endpoint" (printf "tcp://*:%v" $k.replayPort) | toJson }}
+{{- end }}

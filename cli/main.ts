@@ -3,6 +3,7 @@
  * exports `main(argv)`; they are imported lazily so `handoff sim` never loads the router.
  */
 import { followParent } from '../common/ready.js'
+import { handoffVersion } from '../common/versions.js'
 
 type Command = (argv: string[]) => Promise<void>
 
@@ -16,8 +17,10 @@ const commands: Record<string, { summary: string; load: () => Promise<Command> }
 
 function usage(): string {
   const lines = Object.entries(commands).map(([name, c]) => `  ${name.padEnd(8)} ${c.summary}`)
-  return `usage: handoff <command> [options]\n\ncommands:\n${lines.join('\n')}\n\nRun \`handoff <command> --help\` for a command's options.\n`
+  return `usage: handoff <command> [options]\n\ncommands:\n${lines.join('\n')}\n\nRun \`handoff <command> --help\` for a command's options, \`handoff --version\` for the version.\n`
 }
+
+const VERSION_FLAGS = new Set(['--version', '-V'])
 
 export async function run(argv: string[]): Promise<void> {
   const [name, ...rest] = argv
@@ -25,7 +28,12 @@ export async function run(argv: string[]): Promise<void> {
     process.stdout.write(usage())
     return
   }
-  const command = commands[name]
+  // `handoff --version`, and `--version` on any command (every command is this one build).
+  if (VERSION_FLAGS.has(name) || (Object.hasOwn(commands, name) && rest.some((a) => VERSION_FLAGS.has(a)))) {
+    process.stdout.write(`handoff ${handoffVersion()} (node ${process.version})\n`)
+    return
+  }
+  const command = Object.hasOwn(commands, name) ? commands[name] : undefined
   if (!command) {
     process.stderr.write(`handoff: unknown command '${name}'\n\n${usage()}`)
     process.exitCode = 2

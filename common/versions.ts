@@ -14,3 +14,8 @@ export function versionsFile(name: string): Record<string, string> {
   }
   return out
 }
+
+/** handoff's own version (package.json), as `handoff --version` prints it. */
+export function handoffVersion(): string {
+  return (JSON.parse(readFileSync(join(packageRoot, 'package.json'), 'utf8')) as { version: string }).version
+}

@@ -99,7 +99,8 @@ export function loadConfig(sources: ConfigSources = {}): RouterConfig {
   // The engines' lease, given where the engines' is (handoff up): the file's other lease settings stay.
   const lease = leaseSeconds ?? envLease
   if (lease !== undefined) raw.leases = { ...((file.leases as Record<string, unknown> | undefined) ?? {}), leaseSeconds: lease }
-  const validate = createAjv().getSchema('RouterConfig')
+  // verbose: the errors carry the schema, so describeErrors can name the nearest known key.
+  const validate = createAjv({ verbose: true }).getSchema('RouterConfig')
   if (!validate) throw new RTR_ERR_CONFIG('RouterConfig schema missing')
   if (!validate(raw)) throw new RTR_ERR_CONFIG(describeErrors(validate.errors))
   const config = raw as unknown as RouterConfig

@@ -68,7 +68,7 @@ export function parseSimArgs(argv: readonly string[]): Readonly<SimConfig> | 'he
 
 /** Validates (filling defaults) and freezes a config object. */
 export function validateSimConfig(raw: Record<string, unknown>): Readonly<SimConfig> {
-  const ajv = createAjv()
+  const ajv = createAjv({ verbose: true })
   const validate = ajv.getSchema<SimConfig>('SimConfig')
   if (!validate) throw new SIM_ERR_INVALID_CONFIG('SimConfig schema not registered')
   const copy = structuredClone(raw)
@@ -99,7 +99,7 @@ export function kvEventsConfigOf(config: Readonly<SimConfig>): KvEventsConfig | 
   } catch (err) {
     throw new SIM_ERR_INVALID_CONFIG(`--kv-events-config is not JSON: ${(err as Error).message}`)
   }
-  const validate = createAjv().getSchema<KvEventsConfig>('KvEventsConfig')
+  const validate = createAjv({ verbose: true }).getSchema<KvEventsConfig>('KvEventsConfig')
   if (!validate) throw new SIM_ERR_INVALID_CONFIG('KvEventsConfig schema not registered')
   if (!validate(raw)) throw new SIM_ERR_INVALID_CONFIG(`--kv-events-config: ${describeErrors(validate.errors)}`)
   const checked = raw as KvEventsConfig

@@ -56,7 +56,7 @@ t.test('bad configs fail fast with RTR_ERR_CONFIG and say why', async (t) => {
     [() => loadConfig({ file: file('{nope') }), /not valid JSON/],
     [() => loadConfig({ file: file('[]') }), /top level must be an object/],
     [() => loadConfig({ file: file('{"port": 70000}') }), /\/port must be <= 65535/],
-    [() => loadConfig({ file: file('{"surprise": 1}') }), /must NOT have additional properties/],
+    [() => loadConfig({ file: file('{"surprise": 1}') }), /: \/ has an unknown key "surprise"$/],
     [() => loadConfig({ file: file('{"instances":[{"id":"x","role":"leader","url":"http://a"}]}') }), /role/],
     [() => loadConfig({ file: file('{"instances":[{"id":"x","role":"decode","url":"ftp://a"}]}') }), /url/],
     [
@@ -70,6 +70,26 @@ t.test('bad configs fail fast with RTR_ERR_CONFIG and say why', async (t) => {
     [() => loadConfig({ env: { HANDOFF_PORT: 'eighty' } }), /port/],
   ]
   for (const [fn, msg] of cases) t.throws(fn, { code: 'RTR_ERR_CONFIG', message: msg })
+})
+
+// Issue 40 item 2: an error names the bad value, what is allowed and the unknown key, once.
+t.test('validation errors say what to fix, each once', async (t) => {
+  const message = (json: string): string => {
+    try {
+      loadConfig({ file: file(json) })
+      return ''
+    } catch (err) {
+      return (err as Error).message.replace(/^invalid router configuration: /, '')
+    }
+  }
+  t.equal(
+    message('{"instances":[{"id":"x","role":"prefil","url":"http://a"}]}'),
+    '/instances/0/role must be one of "prefill", "decode", "both" (got "prefil")',
+    'a misspelt role: the allowed values and the value given, in one line',
+  )
+  t.equal(message('{"timeouts":{"prefilMs":1000}}'), '/timeouts has an unknown key "prefilMs" (did you mean "prefillMs"?)', 'a misspelt key: the key, and the nearest known one')
+  t.equal(message('{"timeouts":{"zzzzzz":1}}'), '/timeouts has an unknown key "zzzzzz"', 'no known key near it: no guess')
+  t.equal(message('{"port": 70000}'), '/port must be <= 65535 (got 70000)', 'a bound: the value given')
 })
 
 t.test('the example deployment config is valid', async (t) => {

@@ -44,7 +44,7 @@ export function parseAgentArgs(argv: readonly string[], env: NodeJS.ProcessEnv =
 }
 
 export function validateAgentConfig(raw: Record<string, unknown>): Readonly<AgentConfig> {
-  const validate = createAjv().getSchema<AgentConfig>('AgentConfig')
+  const validate = createAjv({ verbose: true }).getSchema<AgentConfig>('AgentConfig')
   if (!validate) throw new Error('AgentConfig schema not registered')
   const copy = structuredClone(raw)
   if (!validate(copy)) {

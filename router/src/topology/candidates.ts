@@ -162,10 +162,8 @@ export class CandidateIndex {
       if (alone) return { mode: 'single', target: alone }
       let prefill = this.#leastLoadedOf(groups, open, 'p', random)
       if (limits.prefix) {
-        const usable = (id: string): Candidate | undefined => {
-          const f = this.#filed.get(id)
-          return f && f.side === 'p' && f.open && f.group.d.open.size > 0 && this.#paired.has(f.group) ? f.candidate : undefined
-        }
+        // A prefiller with room whose group has a decoder with room.
+        const usable = this.#openOn('p', (g) => g.d.open.size > 0 && this.#paired.has(g))
         prefill = preferCached('prefill', prefill, usable, this.#mean('p'), limits.prefix)
       }
       return { mode: 'pd', prefill, decode: this.#decoderFor(prefill, random, limits) as Candidate }
@@ -181,11 +179,7 @@ export class CandidateIndex {
     if (open === 0) return { mode: 'full', of: 'single' }
     const target = this.#leastLoadedOf(groups, open, 'd', random)
     if (!limits.prefix) return { mode: 'single', target }
-    const usable = (id: string): Candidate | undefined => {
-      const f = this.#filed.get(id)
-      return f && f.side === 'd' && f.open ? f.candidate : undefined
-    }
-    return { mode: 'single', target: preferCached('single', target, usable, this.#mean('d'), limits.prefix) }
+    return { mode: 'single', target: preferCached('single', target, this.#openOn('d'), this.#mean('d'), limits.prefix) }
   }
 
   /** `selectDecoder`'s answer for `prefill` (a filed prefiller), or null when not exact. */
@@ -200,25 +194,26 @@ export class CandidateIndex {
     const group = (this.#filed.get(prefill.id) as Filed).group
     const decode = pickLeastLoaded(this.#two(group.d.open, random), random)
     if (!decode || !limits.prefix) return decode
-    const usable = (id: string): Candidate | undefined => {
-      const f = this.#filed.get(id)
-      return f && f.side === 'd' && f.open && f.group === group ? f.candidate : undefined
-    }
-    return preferCached('decode', decode, usable, this.#mean('d'), limits.prefix)
+    return preferCached('decode', decode, this.#openOn('d', (g) => g === group), this.#mean('d'), limits.prefix)
   }
 
   /** Decode-only (routing/prefix-choice.ts): a decoder with room that serves the prompt alone, if any. */
   #alone(groups: readonly Group[], random: Random, prefix: PrefixPreference): Candidate | undefined {
-    const decoder = (id: string): Candidate | undefined => {
-      const f = this.#filed.get(id)
-      return f && f.side === 'd' && f.open ? f.candidate : undefined
-    }
+    const decoder = this.#openOn('d')
     const held = decodeAlone(decoder, this.#mean('d'), prefix)
     if (held || prefix.alone(0) !== 'short') return held
     let open = 0
     for (const g of groups) open += g.d.open.size
     prefix.wentAlone('short')
     return preferCached('single', this.#leastLoadedOf(groups, open, 'd', random), decoder, this.#mean('d'), prefix)
+  }
+
+  /** Looks up an id as a candidate with room on side `s` (in a group `inGroup` accepts), for the prefix choice. */
+  #openOn(s: 'p' | 'd', inGroup: (g: Group) => boolean = () => true): (id: string) => Candidate | undefined {
+    return (id) => {
+      const f = this.#filed.get(id)
+      return f && f.side === s && f.open && inGroup(f.group) ? f.candidate : undefined
+    }
   }
 
   /** Mean in flight on one side's eligible instances. */

@@ -1,3 +1,4 @@
+import './ucx-hooks.js'
 import { request } from 'undici'
 import { freePort } from '../../common/ports.js'
 import { spawnService, type SpawnedService } from '../../common/spawn.js'
@@ -10,9 +11,6 @@ import { spawnRouter, type Teardown } from './cluster.js'
  * stopped (SIGSTOP), killed and restarted at the same ports, which is what the scenarios do.
  */
 
-// See test/native/helpers.ts: UCX's in-place memory hooks crashed processes under heavy
-// parallel load; relocation hooks did not. Inherited by every child started from here.
-process.env.UCX_MEM_MMAP_HOOK_MODE ??= 'reloc'
 
 export interface EngineOptions {
   role: 'prefill' | 'decode' | 'both'

@@ -1,5 +1,6 @@
 // Shared setup for the native tests: NIXL availability (skip locally, fail under CI) and the
 // target child process.
+import '../helpers/ucx-hooks.js'
 import { fork, spawnSync, type ChildProcess } from 'node:child_process'
 import { join } from 'node:path'
 import { packageRoot } from '../../common/paths.js'
@@ -7,12 +8,6 @@ import { createAgent, loadNixl, type AgentOptions, type NixlAgent, type NixlInfo
 
 export const ci = process.env.CI === 'true' || process.env.CI === '1'
 
-// UCX installs its memory hooks by patching libc's mmap family in place ("bistro", its default)
-// when its first context starts. Under heavy parallel load (the suite at -j 4, twice at once)
-// test processes crashed around that point, with a corrupt malloc heap, in about 4 runs of
-// 10; with relocation hooks 6 runs of 6 were clean. Not root-caused: see docs/native.md,
-// "Known". Set before any agent exists, and inherited by every child process.
-process.env.UCX_MEM_MMAP_HOOK_MODE ??= 'reloc'
 
 export type NixlProbe = { ok: true; info: NixlInfo } | { ok: false; reason: string }
 

@@ -8,7 +8,6 @@ import { attach, fillBlock, region, sameBytes, skipWithoutNixl, startAgent, wait
 
 // The agent's HTTP API with real agent processes; the test is both engines (attach, lease,
 // pull, read the events and the bytes). Runs dist/: `npm run build` first.
-process.env.UCX_MEM_MMAP_HOOK_MODE ??= 'reloc'
 
 const skip = await skipWithoutNixl(t)
 const layout: Layout = { blockSize: 16, bytesPerToken: 32, numBlocks: 64 }

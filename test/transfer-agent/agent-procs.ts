@@ -6,9 +6,6 @@ import { mapSharedMemory, type SharedMemory } from '../../native/index.js'
 import type { AgentAttached, AgentEvent } from '../../schemas/agent-api.js'
 import { needNixl, probeNixl, type NixlProbe } from '../native/helpers.js'
 
-// See test/native/helpers.ts (importing it sets it too): relocation hooks for UCX, inherited
-// by every agent started from here.
-process.env.UCX_MEM_MMAP_HOOK_MODE ??= 'reloc'
 
 interface TapLike {
   teardown(fn: () => unknown): void

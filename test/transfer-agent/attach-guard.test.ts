@@ -5,7 +5,6 @@ import { attach, region, skipWithoutNixl, startAgent, waitEvent, type Layout } f
 // never a region another agent has attached: mapping it would let this agent's peers read
 // another engine's KV and write into its blocks. A refused attach changes nothing: the engine
 // attached before keeps its region and its leases. Real agent processes; runs dist/.
-process.env.UCX_MEM_MMAP_HOOK_MODE ??= 'reloc'
 
 const skip = await skipWithoutNixl(t)
 const layout: Layout = { blockSize: 16, bytesPerToken: 32, numBlocks: 16 }

@@ -13,7 +13,6 @@ import { fillBlock, region, sameBytes, skipWithoutNixl, startAgent, type Agent, 
  * whoever answers at a wrong address learns nothing it can use elsewhere and cannot pose as
  * a prefiller. Real agent processes and a hostile HTTP server of the test's; runs dist/.
  */
-process.env.UCX_MEM_MMAP_HOOK_MODE ??= 'reloc'
 
 const skip = await skipWithoutNixl(t)
 const layout: Layout = { blockSize: 16, bytesPerToken: 32, numBlocks: 32 }

@@ -5,7 +5,6 @@ import { attach, fillBlock, region, sameBytes, skipWithoutNixl, startAgent, type
 // Peer cleanup (DESIGN "Transfer agent" → Peer cleanup) with real agent processes: a
 // prefiller's agent restarted under a new engine_id and under the same one, and the router's
 // peer_gone. The test is both engines. Runs dist/: `npm run build` first.
-process.env.UCX_MEM_MMAP_HOOK_MODE ??= 'reloc'
 
 const skip = await skipWithoutNixl(t)
 const layout: Layout = { blockSize: 16, bytesPerToken: 32, numBlocks: 32 }

@@ -8,7 +8,6 @@ import { attach, fillBlock, region, skipWithoutNixl, startAgent, waitEvent, type
 // tcp (so P's process must serve the READ; over CMA it would not need to), the decoder's READ
 // times out, the pull fails tainted, and no block the engine reuses after pull_quiesced
 // changes afterwards. Runs dist/: `npm run build` first.
-process.env.UCX_MEM_MMAP_HOOK_MODE ??= 'reloc'
 
 const skip = await skipWithoutNixl(t)
 

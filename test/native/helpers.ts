@@ -147,8 +147,13 @@ export async function startTarget(
 function threadStacks(pid: number): string | undefined {
   const r = spawnSync('gdb', ['-batch', '-nx', '-p', String(pid), '-ex', 'thread apply all bt 15'], { encoding: 'utf8', timeout: 30_000 })
   if (r.error || !r.stdout) return undefined
-  const lines = r.stdout.split('\n').filter((l) => /^Thread |^#/.test(l))
-  return `target threads (gdb):\n${lines.join('\n').slice(0, 12_000)}`
+  // Frames without their arguments and library paths, so every thread fits (the main thread,
+  // Thread 1, comes last in gdb's order).
+  const lines = r.stdout
+    .split('\n')
+    .filter((l) => /^Thread |^#/.test(l))
+    .map((l) => l.replace(/ \(.*?\) (at|from) /, ' $1 ').replace(/from \S*\//, 'from '))
+  return `target threads (gdb):\n${lines.join('\n').slice(-12_000)}`
 }
 
 export interface TargetNotification {

@@ -35,6 +35,30 @@ export interface VllmOptions {
    * test runs the connector as checked out, not an install of it.
    */
   handoff?: { routerUrls: string[]; token?: string }
+  /** Publish KV cache events (`--kv-events-config`, ZMQ on two free loopback ports) for a router's prefix index. */
+  kvEvents?: boolean
+}
+
+/** Where an engine publishes its KV events, as a router's `instances[].kvEvents` names it. */
+export interface KvEventsEndpoints {
+  endpoint: string
+  replayEndpoint: string
+}
+
+/** Two free loopback ports for an engine's KV events, kept across its restarts. */
+export async function kvEventsEndpoints(): Promise<KvEventsEndpoints> {
+  return { endpoint: `tcp://127.0.0.1:${await freePort()}`, replayEndpoint: `tcp://127.0.0.1:${await freePort()}` }
+}
+
+/**
+ * vLLM's `--kv-events-config` for those endpoints (vllm/config/kv_events.py). The engine binds
+ * them as `tcp://*:<port>`: vLLM binds only wildcard (and ipc) publisher endpoints and
+ * *connects* to any other, as a client of a subscriber that binds, so `tcp://127.0.0.1:<port>`
+ * would publish to no one (the simulator does the same).
+ */
+export function kvEventsConfigArg(e: KvEventsEndpoints): string {
+  const bind = (endpoint: string): string => endpoint.replace(/^tcp:\/\/[^:]+:/, 'tcp://*:')
+  return JSON.stringify({ enable_kv_cache_events: true, publisher: 'zmq', endpoint: bind(e.endpoint), replay_endpoint: bind(e.replayEndpoint) })
 }
 
 /**
@@ -66,6 +90,8 @@ export class VllmEngine extends ScrapedEngine {
     readonly port: number,
     readonly sidePort: number,
     dir: string,
+    /** Where it publishes KV events (opts.kvEvents), the same after a restart. */
+    readonly kvEvents: KvEventsEndpoints | undefined,
   ) {
     super()
     this.logFile = join(dir, `${opts.role}.log`)
@@ -90,7 +116,7 @@ export class VllmEngine extends ScrapedEngine {
    */
   static async start(opts: VllmOptions, onStop: (stop: () => Promise<void>) => void): Promise<VllmEngine> {
     const dir = mkdtempSync(join(tmpdir(), 'handoff-vllm-'))
-    const e = new VllmEngine(opts, await freePort(), await freePort(), dir)
+    const e = new VllmEngine(opts, await freePort(), await freePort(), dir, opts.kvEvents ? await kvEventsEndpoints() : undefined)
     onStop(async () => {
       await e.stop()
       // HANDOFF_KEEP_VLLM_LOGS=1 keeps the engines' logs for a look after the run.
@@ -115,6 +141,7 @@ export class VllmEngine extends ScrapedEngine {
     args.push('--kv-transfer-config', JSON.stringify(kv))
     // usage.prompt_tokens_details.cached_tokens: the router must carry P's count, not D's.
     args.push('--enable-prompt-tokens-details')
+    if (this.kvEvents) args.push('--kv-events-config', kvEventsConfigArg(this.kvEvents))
     const env = {
       ...process.env,
       HF_HUB_OFFLINE: '1',

@@ -1,4 +1,5 @@
 import { ScrapedEngine } from '../../bench/engine-metrics.js'
+import { kvEventsConfigArg, kvEventsEndpoints, type KvEventsEndpoints } from '../../bench/vllm-engine.js'
 import { spawnService, type SpawnedService } from '../../common/spawn.js'
 import type { Teardown } from './cluster.js'
 
@@ -14,12 +15,14 @@ export class SimEngine extends ScrapedEngine {
   private constructor(
     readonly role: 'prefill' | 'decode',
     readonly args: string[],
+    /** Where it publishes KV events (as VllmEngine's), the same after a restart. */
+    readonly kvEvents: KvEventsEndpoints | undefined,
   ) {
     super()
   }
 
-  static async start(t: Teardown, role: 'prefill' | 'decode', args: string[]): Promise<SimEngine> {
-    const e = new SimEngine(role, args)
+  static async start(t: Teardown, role: 'prefill' | 'decode', args: string[], opts: { kvEvents?: boolean } = {}): Promise<SimEngine> {
+    const e = new SimEngine(role, args, opts.kvEvents ? await kvEventsEndpoints() : undefined)
     t.teardown(() => e.stop())
     await e.launch()
     return e
@@ -36,7 +39,7 @@ export class SimEngine extends ScrapedEngine {
 
   /** (Re)starts the simulator at this engine's port: a restart gets a new engine_id. */
   async launch(): Promise<void> {
-    this.#service = await spawnService({ args: ['sim', '--role', this.role, '--port', String(this.#port), '--log-level', 'info', ...this.args] })
+    this.#service = await spawnService({ args: ['sim', '--role', this.role, '--port', String(this.#port), '--log-level', 'info', ...this.args, ...(this.kvEvents ? ['--kv-events-config', kvEventsConfigArg(this.kvEvents)] : [])] })
     this.#port = Number(new URL(this.#service.url).port)
   }
 

@@ -1,7 +1,7 @@
 import t from 'tap'
 import { request } from 'undici'
 import { parseEngineLoad } from '../../router/src/admission/engine-load.js'
-import { sseEvents, startRouter, streamedText } from '../helpers/cluster.js'
+import { sseEvents, startRouter, streamedText, waitFor } from '../helpers/cluster.js'
 import { SimEngine } from '../helpers/sim-engine.js'
 import { call, errorCode, isLateRead, MODEL, needVllm, startVllm, texts, type Answer, type Choice, type VllmEngine } from '../helpers/vllm.js'
 
@@ -23,7 +23,7 @@ import { call, errorCode, isLateRead, MODEL, needVllm, startVllm, texts, type An
 const ADMIN = 'admin-token-vllm'
 
 /** An engine of either kind: VllmEngine or SimEngine. */
-type Engine = Pick<VllmEngine, 'url' | 'name' | 'signal' | 'stop' | 'launch' | 'tail' | 'metric' | 'series' | 'promptTokens'>
+type Engine = Pick<VllmEngine, 'url' | 'name' | 'signal' | 'stop' | 'launch' | 'tail' | 'metric' | 'series' | 'promptTokens' | 'kvEvents'>
 
 interface Backend {
   name: string
@@ -33,19 +33,24 @@ interface Backend {
   real: boolean
 }
 
-const SIM_ARGS = ['--model', MODEL, '--max-model-len', '1024']
+// vLLM's block on CPU (128 tokens), so the prefix case's block arithmetic holds for both.
+const SIM_ARGS = ['--model', MODEL, '--max-model-len', '1024', '--block-size', '128', '--num-gpu-blocks-override', '512']
 const backends: Backend[] = [
   {
     name: 'real vLLM',
     skip: needVllm(t),
-    start: async (t) => (await startVllm(t, [{ role: 'prefill' }, { role: 'decode' }])) as [VllmEngine, VllmEngine],
+    // Both publish KV events, which the router indexes for prefix-aware routing (issue 39).
+    start: async (t) => (await startVllm(t, [{ role: 'prefill', kvEvents: true }, { role: 'decode', kvEvents: true }])) as [VllmEngine, VllmEngine],
     real: true,
   },
   {
     name: 'the simulator',
     skip: false,
     // D paces its tokens (5 ms) so a long stream is still running when a case cuts it.
-    start: async (t) => [await SimEngine.start(t, 'prefill', SIM_ARGS), await SimEngine.start(t, 'decode', [...SIM_ARGS, '--decode-delay-ms', '5'])],
+    start: async (t) => [
+      await SimEngine.start(t, 'prefill', SIM_ARGS, { kvEvents: true }),
+      await SimEngine.start(t, 'decode', [...SIM_ARGS, '--decode-delay-ms', '5'], { kvEvents: true }),
+    ],
     real: false,
   },
 ]
@@ -63,11 +68,11 @@ function finishReason(events: ReturnType<typeof sseEvents>): unknown {
 
 for (const backend of backends) t.test(`the router in front of ${backend.name} P/D`, { skip: backend.skip }, async (t) => {
   const [P, D] = await backend.start(t)
-  const { url } = await startRouter(
+  const { url, app } = await startRouter(
     t,
     [
-      { id: 'p0', role: 'prefill', url: P.url },
-      { id: 'd0', role: 'decode', url: D.url },
+      { id: 'p0', role: 'prefill', url: P.url, ...(P.kvEvents ? { kvEvents: P.kvEvents } : {}) },
+      { id: 'd0', role: 'decode', url: D.url, ...(D.kvEvents ? { kvEvents: D.kvEvents } : {}) },
     ],
     // A decode leg vLLM never answers (see the restart case) ends in 30 s, not the default 120 s.
     {
@@ -248,6 +253,66 @@ for (const backend of backends) t.test(`the router in front of ${backend.name} P
     const metrics = await (await fetch(`${url}/metrics`)).text()
     const whole = Number(/^handoff_router_whole_answer_reads_total (\d+)/m.exec(metrics)?.[1])
     t.ok(whole > 0, `${whole} reads proven by D's whole answer, answered as above`)
+  })
+
+  await t.test('prefix cache: the router’s index of both engines’ KV events predicts what each holds; a prompt D holds goes to D alone', async (t) => {
+    const index = app.kv.index
+    const tokenize = async (text: string): Promise<number[]> => {
+      const r = await call(D.url, '/tokenize', { model: MODEL, prompt: text })
+      t.equal(r.status, 200, 'the engine tokenizes', { body: r.text.slice(0, 300) })
+      return r.json<{ tokens: number[] }>().tokens
+    }
+    /** What the router's index says `id` holds of the prompt, in tokens. */
+    const held = (id: string, tokens: number[]): number => index.cachedTokens(id, index.prompt(tokens))
+    const usageCached = (a: Answer): number | undefined => a.json<{ usage: { prompt_tokens_details?: { cached_tokens?: number } } }>().usage.prompt_tokens_details?.cached_tokens
+    // Over three of vLLM's 128-token blocks, and new to both engines.
+    const shared = Array.from({ length: 24 }, () => prompt('prefix')).join(' ')
+    const first = `${shared} first question`
+    const firstTokens = await tokenize(first)
+    t.ok(firstTokens.length > 3 * 128 && firstTokens.length < 800, `a ${firstTokens.length}-token prompt`)
+
+    // 1. A P/D handoff: P computes the prompt, D pulls it; each caches its full blocks and says so.
+    const one = await both('/v1/completions', { model: MODEL, prompt: first, max_tokens: 4, temperature: 0 })
+    t.equal(one.routed.status, 200, 'answered 200', { body: one.routed.text.slice(0, 500) })
+    t.same(texts(one.routed), texts(one.direct))
+    t.ok(one.pulled > 0, `D pulled ${one.pulled} prompt tokens`)
+    const blocks = Math.floor((firstTokens.length - 1) / 128) * 128
+    const indexed = await waitFor(() => held('p0', firstTokens) >= blocks && held('d0', firstTokens) >= blocks, 20_000)
+    t.ok(indexed, `the index learned both engines hold its full blocks: P ${held('p0', firstTokens)}, D ${held('d0', firstTokens)} of ${firstTokens.length} tokens`)
+
+    // 2. The shared prefix with a long new question (more than decodeOnly.maxUncachedTokens
+    // uncached): P/D again, and P's own cached_tokens is what the index predicted for P.
+    const second = `${shared} ${Array.from({ length: 8 }, () => prompt('second')).join(' ')}`
+    const secondTokens = await tokenize(second)
+    const predictedP = held('p0', secondTokens)
+    t.ok(secondTokens.length - predictedP > 128, `${secondTokens.length - predictedP} tokens not cached: not for D alone`)
+    const pBefore = await P.promptTokens()
+    const routedSecond = await call(url, '/v1/completions', { model: MODEL, prompt: second, max_tokens: 4, temperature: 0 })
+    t.equal(routedSecond.status, 200, 'answered 200', { body: routedSecond.text.slice(0, 500) })
+    const pAfter = await P.promptTokens()
+    t.ok(predictedP >= blocks, `the index predicted ${predictedP} cached tokens on P`)
+    if (backend.real) t.equal(usageCached(routedSecond), predictedP, 'and P reported the same cached_tokens')
+    t.equal((pAfter.local_cache_hit ?? 0) - (pBefore.local_cache_hit ?? 0), predictedP, "P's own prefix-cache hits match the prediction")
+
+    // 3. The first prompt with a short new end: D holds all but a few tokens, so it serves the
+    // request alone (no prefill leg, no read), from its own prefix cache.
+    const third = `${first} and one more`
+    const thirdTokens = await tokenize(third)
+    const predictedD = held('d0', thirdTokens)
+    t.ok(predictedD >= blocks && thirdTokens.length - predictedD <= 128, `the index predicted ${predictedD} of ${thirdTokens.length} tokens cached on D`)
+    const [p3, d3] = [await P.promptTokens(), await D.promptTokens()]
+    const routedThird = await call(url, '/v1/completions', { model: MODEL, prompt: third, max_tokens: 6, temperature: 0 })
+    const [p3After, d3After] = [await P.promptTokens(), await D.promptTokens()]
+    t.equal(routedThird.status, 200, 'answered 200', { body: routedThird.text.slice(0, 500) })
+    t.same(p3After, p3, 'P computed nothing for it')
+    const dDelta = (k: string): number => (d3After[k] ?? 0) - (d3[k] ?? 0)
+    t.equal(dDelta('external_kv_transfer'), 0, 'D read nothing over NIXL')
+    t.equal(dDelta('local_cache_hit'), predictedD, "D's own prefix-cache hits match the prediction")
+    if (backend.real) t.equal(usageCached(routedThird), predictedD, 'and D reported the same cached_tokens')
+    const direct = await call(P.url, '/v1/completions', { model: MODEL, prompt: third, max_tokens: 6, temperature: 0 })
+    t.same(texts(routedThird), texts(direct), 'the same greedy text as one engine')
+    const metrics = await (await fetch(`${url}/metrics`)).text()
+    t.match(metrics, /^handoff_router_decode_only_total\{reason="held"\} [1-9]/m, 'counted as decode-only, held')
   })
 
   await t.test('a client that leaves mid-stream: D stops generating and frees its blocks', async (t) => {

@@ -451,6 +451,10 @@ for (const backend of backends) t.test(`the router in front of ${backend.name} P
     const engineId = async (): Promise<string | null> => (await p0())?.engineId ?? null
     const old = await engineId()
     t.ok(old, `the router knows P's engine_id ${old}`)
+    // The prefix case left P's and D's blocks in the router's index; P's go with P.
+    const index = app.kv.index
+    const [pBlocks, dBlocks] = [index.blocks('p0'), index.blocks('d0')]
+    t.ok(pBlocks > 0, `the index holds ${pBlocks} blocks of P (and ${dBlocks} of D)`)
     await P.stop()
     await P.launch()
     // While P was refusing connections the router took it out of routing (D served alone);
@@ -480,5 +484,8 @@ for (const backend of backends) t.test(`the router in front of ${backend.name} P
     t.ok(fresh && fresh !== old, `the router learned the new engine_id ${fresh}`)
     const metrics = await (await request(`${url}/metrics`)).body.text()
     t.match(metrics, /handoff_router_events_total\{type="peer_gone"\} 1/, 'and logged peer_gone for the old one')
+    // The new P holds nothing of the old one's cache (its prompts here fill no 128-token block).
+    t.ok(await waitFor(() => index.blocks('p0') === 0), `the index forgot the old P's blocks (${index.blocks('p0')} left)`)
+    t.equal(index.blocks('d0'), dBlocks, "and kept D's")
   })
 })

@@ -144,6 +144,29 @@ t.test('prefix-aware routing on the engines’ KV events', async (t) => {
     t.equal((await stalled).status, 200, 'the stalled one is answered too')
   })
 
+  await t.test('two routers, no shared store: each follows every engine, so both send a shared prompt where it is', async (t) => {
+    // Each router indexes the engines' own events, so what one router routed the other knows of.
+    const a = await router(t, instances, PD_ONLY)
+    const b = await router(t, instances, PD_ONLY)
+    const system = words('sys-two', 96)
+    const before = [await served(p1), await served(p2)]
+    const first = await post(`${a.url}/v1/completions`, { model: MODEL, prompt: `${system} ${words('w0', 20)}`, max_tokens: 2 })
+    t.equal(first.status, 200, first.text)
+    t.ok((await caughtUp(a.app, sims)) && (await caughtUp(b.app, sims)), 'both indexes caught up')
+    const cached: number[] = []
+    for (let i = 1; i <= 10; i++) {
+      const via = i % 2 === 0 ? a : b
+      const r = await post(`${via.url}/v1/completions`, { model: MODEL, prompt: `${system} ${words(`w${i}`, 20)}`, max_tokens: 2 })
+      t.equal(r.status, 200, r.text)
+      cached.push(cachedOf(r))
+      t.ok((await caughtUp(a.app, sims)) && (await caughtUp(b.app, sims)))
+    }
+    const n = [(await served(p1)) - (before[0] as number), (await served(p2)) - (before[1] as number)]
+    t.ok(n.includes(11) && n.includes(0), `all 11 on one prefiller, whichever router took them (p1 ${n[0]}, p2 ${n[1]})`)
+    t.ok(cached.every((c) => c >= 96), `and each found the system prompt cached (cached_tokens ${cached.join(', ')})`)
+    t.match((await get(`${b.url}/metrics`)).text, /^handoff_router_routing_choices_total\{leg="prefill",reason="prefix"\} 5$/m, 'the router that never routed the first chose by prefix too')
+  })
+
   await t.test('a conversation’s next turn goes decode-only to the decoder that decoded the last', async (t) => {
     const { url, app } = await router(t, instances)
     const d = [sims.d1 as Sim, sims.d2 as Sim]

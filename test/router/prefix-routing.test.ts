@@ -168,7 +168,7 @@ t.test('prefix-aware routing on the engines’ KV events', async (t) => {
   })
 
   await t.test('a conversation’s next turn goes decode-only to the decoder that decoded the last', async (t) => {
-    const { url, app } = await router(t, instances)
+    const { url, app, logs } = await router(t, instances)
     const d = [sims.d1 as Sim, sims.d2 as Sim]
     const before = await Promise.all([...d, p1, p2].map(served))
     const messages: { role: string; content: string }[] = [{ role: 'system', content: words('chat-sys', 60) }]
@@ -186,6 +186,16 @@ t.test('prefix-aware routing on the engines’ KV events', async (t) => {
     t.equal((n[2] as number) + (n[3] as number), 1, 'only the first turn had a prefill leg')
     const metrics = (await get(`${url}/metrics`)).text
     t.match(metrics, /^handoff_router_decode_only_total\{reason="held"\} 5$/m, 'turns 2-6 decode-only: the decoder held all but the new turn')
+    // The access log says where each went and why.
+    type Routed = { mode: string; prefill?: string; decode?: string; instance?: string; alone?: string; legs?: Record<string, { reason: string; cachedTokens: number }> }
+    const routes = logs.filter((l) => l.msg === 'request completed' && l.route).map((l) => l.route as Routed)
+    t.equal(routes.length, 6, 'one routed access-log line per turn')
+    t.match(routes[0], { mode: 'pd', prefill: /^p[12]$/, decode: /^d[12]$/ }, 'the first turn: P/D')
+    const decoder = routes[0]?.decode
+    t.ok(
+      routes.slice(1).every((r) => r?.mode === 'single' && r.instance === decoder && r.alone === 'held' && (r.legs?.single?.cachedTokens ?? 0) > 0),
+      `turns 2-6: decode-only on ${decoder}, held, with the cached tokens (${JSON.stringify(routes[5])})`,
+    )
     // The last turn again, straight to one engine: the same text.
     messages.pop()
     const direct = await post(`${p1.url}/v1/chat/completions`, { model: MODEL, messages, max_tokens: 8, temperature: 0 })

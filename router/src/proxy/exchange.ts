@@ -1,8 +1,10 @@
 import type { FastifyBaseLogger, FastifyReply } from 'fastify'
+import type { Logger } from 'pino'
 import type { Clock } from '../../../common/clock.js'
 import type { RouterErrorCode } from '../errors.js'
 import type { LeaseEndReason, LeaseLedger } from '../leases/ledger.js'
 import type { RouterMetrics } from '../metrics.js'
+import type { RoutingNote } from '../routing/prefix-routing.js'
 import type { TopologyRegistry } from '../topology/registry.js'
 import type { Route } from '../topology/selection.js'
 
@@ -230,6 +232,16 @@ export class Exchange {
     const h = new Handoff(this, engineRequestId)
     this.#handoffs.push(h)
     return h
+  }
+
+  /**
+   * The route chosen, and why where the prefix index had a say, bound to every later log line
+   * of the request: the access log's "request completed" says where each request went.
+   */
+  routed(route: Route, why?: RoutingNote): void {
+    const where = route.mode === 'pd' ? { mode: route.mode, prefill: route.prefill.id, decode: route.decode.id } : { mode: route.mode, instance: route.target.id }
+    // Fastify's request logger is a pino child; its type does not say so.
+    ;(this.log as FastifyBaseLogger & Partial<Pick<Logger, 'setBindings'>>).setBindings?.({ route: why ? { ...where, ...why } : where })
   }
 
   /** Slots acquired for this request; released at settle (or earlier with `release`). */

@@ -131,7 +131,7 @@ export class HandoffRunner {
     const note: RoutingNote = { tokens: 0, legs: {} }
     const prefix = await this.#d.prefix?.preference(isChatPath(path), (k) => body.get(k), ex.signal, note)
     const route = await this.#d.admission.admit({ model, signal: ex.signal, onMode: (m) => (ex.mode = m), ...(prefix ? { prefix } : {}) })
-    if (prefix) ex.log.debug({ handoff: h.engineRequestId, routing: note }, 'prefix-aware route')
+    ex.routed(route, prefix ? note : undefined)
     ex.hold(route)
     if (route.mode === 'single') {
       const leg: DecodeLeg = { view: decodeView(body, undefined), assemble: false, proveWhole: false }

@@ -2,7 +2,8 @@ import t from 'tap'
 import { ManualClock } from '../../common/clock.js'
 import { seededRandom } from '../../common/random.js'
 import type { InstanceRole } from '../../schemas/router-config.js'
-import { TopologyRegistry, type InstanceView } from '../../router/src/topology/registry.js'
+import { TopologyRegistry } from '../../router/src/topology/registry.js'
+import type { InstanceView } from '../../router/src/topology/views.js'
 import { paired, selectRoute, type PairingPolicy, type Selection } from '../../router/src/topology/selection.js'
 
 // Issue 23 item 3: the registry's candidate lists (topology/candidates.ts) answer what

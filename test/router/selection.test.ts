@@ -1,6 +1,6 @@
 import t from 'tap'
 import { seededRandom } from '../../common/random.js'
-import type { InstanceView, TopologySnapshot } from '../../router/src/topology/registry.js'
+import type { InstanceView, TopologySnapshot } from '../../router/src/topology/views.js'
 import { paired, pickLeastLoaded, selectDecoder, selectRoute } from '../../router/src/topology/selection.js'
 
 function inst(id: string, role: InstanceView['role'], extra: Partial<InstanceView> = {}): InstanceView {

@@ -3,7 +3,8 @@ import type { Clock, ClockTimer } from '../../../common/clock.js'
 import type { Random } from '../../../common/random.js'
 import { RTR_ERR_MODEL_NOT_FOUND, RTR_ERR_NO_INSTANCE, RTR_ERR_OVERLOADED } from '../errors.js'
 import type { PrefixPreference } from '../routing/prefix-choice.js'
-import type { InstanceView, TopologyRegistry } from '../topology/registry.js'
+import type { TopologyRegistry } from '../topology/registry.js'
+import type { InstanceView } from '../topology/views.js'
 import type { Route } from '../topology/selection.js'
 
 export interface AdmissionOptions {

@@ -5,7 +5,7 @@ import type { Random } from '../../../common/random.js'
 import type { DiscoveryConfig, InstanceConfig, InstanceRole } from '../../../schemas/router-config.js'
 import { RTR_ERR_CONFIG } from '../errors.js'
 import { hostPort } from '../../../common/host-port.js'
-import { SIDE_CHANNEL_LABEL } from '../topology/registry.js'
+import { SIDE_CHANNEL_LABEL } from '../topology/views.js'
 import { KubeHttp, WatchIdleError } from './kube-http.js'
 
 /** Where a pod publishes its engine's NIXL side-channel port (VLLM_NIXL_SIDE_CHANNEL_PORT); the chart's engine pods do. */

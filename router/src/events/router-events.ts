@@ -1,6 +1,7 @@
 import type { AgentRegistration } from '../../../schemas/events.js'
 import type { EventStore } from '../store/event-store.js'
-import { SIDE_CHANNEL_LABEL, type TopologyRegistry } from '../topology/registry.js'
+import type { TopologyRegistry } from '../topology/registry.js'
+import { SIDE_CHANNEL_LABEL } from '../topology/views.js'
 import { RTR_ERR_TOO_MANY_AGENTS } from '../errors.js'
 import { AgentDirectory, type AgentRecord } from './agent-directory.js'
 import { BoundedSet } from './bounded-set.js'

@@ -1,6 +1,6 @@
 import type { Random } from '../../../common/random.js'
 import { decodeAlone, preferCached, type Leg, type PrefixPreference } from '../routing/prefix-choice.js'
-import type { InstanceView, TopologySnapshot } from './registry.js'
+import type { InstanceView, TopologySnapshot } from './views.js'
 
 export interface PairingPolicy {
   mode: 'all' | 'label'
